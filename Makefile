@@ -1,0 +1,30 @@
+# make demo / make test create or reuse .venv/ and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install demo test lint clean bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_PINS)
+	$(BIN)/pip install -q -e '.[recipes,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/hetero-strategy demo
+
+test: install
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

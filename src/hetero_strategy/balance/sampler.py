@@ -1,0 +1,161 @@
+"""A batch sampler giving each rank a contiguous, capacity-sized slice of one global batch.
+
+Global step t of an epoch consumes ``order[t*G:(t+1)*G]`` where ``order`` is what a single
+process with batch G would iterate: ``torch.randperm(n, generator=torch.Generator().manual_seed(
+seed + epoch))`` when shuffling (the same convention as ``DistributedSampler``), else
+``range(n)``. Rank r takes the slice starting at ``sum(b[:r])`` of length ``b[r]``.
+Every rank yields the same number of batches per epoch (unequal counts hang DDP).
+
+The last partial batch (``drop_last=False``) is split by the same capacities; when it has fewer
+samples than ranks, a rank left without a sample gets one padding sample (the batch's first) and
+a reduction weight of 0, so it still joins the collective but contributes nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+from hetero_strategy.balance.shares import split_batch
+
+__all__ = ["HeteroBatchSampler", "StepPlan"]
+
+
+class StepPlan(tuple):
+    """(sizes, global_batch): per-rank sample counts of one step and their sum (0-size ranks pad)."""
+
+    __slots__ = ()
+
+    def __new__(cls, sizes: list[int], global_batch: int):
+        return super().__new__(cls, (sizes, global_batch))
+
+    @property
+    def sizes(self) -> list[int]:
+        return self[0]
+
+    @property
+    def global_batch(self) -> int:
+        return self[1]
+
+    def weight(self, rank: int) -> float:
+        """This rank's share of the reduced gradient, b_r / G_t."""
+        return self.sizes[rank] / self.global_batch
+
+
+class HeteroBatchSampler(Sampler[list[int]]):
+    """Yields this rank's indices for each global step.
+
+    Args:
+        num_samples: length of the (map-style) dataset.
+        batch_sizes: per-rank batch sizes; their sum is the global batch G.
+        rank: this process's rank.
+        shuffle: follow the user's DataLoader ``shuffle``.
+        seed: shuffle seed; epoch e uses ``seed + e``.
+        drop_last: drop the last partial global batch, as ``DataLoader(drop_last=True)`` does.
+
+    Example::
+
+        sampler = HeteroBatchSampler(len(ds), batch_sizes=[3, 13], rank=dist.get_rank(), shuffle=True)
+        loader = DataLoader(ds, batch_sampler=sampler)
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_sizes: Sequence[int],
+        rank: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not 0 <= rank < len(batch_sizes):
+            raise ValueError(f"rank={rank} is invalid: batch_sizes has {len(batch_sizes)} entries")
+        self.num_samples = int(num_samples)
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        # Schedule of splits: batch sizes in force from a global step on (online calibration
+        # appends to it; G stays constant so which samples a step consumes never changes).
+        self._starts: list[int] = [0]
+        self._splits: list[list[int]] = [list(batch_sizes)]
+
+    # ---- schedule --------------------------------------------------------------------
+    @property
+    def global_batch(self) -> int:
+        return sum(self._splits[0])
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The split in force for the latest scheduled step."""
+        return list(self._splits[-1])
+
+    def set_batch_sizes(self, sizes: Sequence[int], from_step: int) -> None:
+        """Use ``sizes`` from global step ``from_step`` on (a step not yet yielded)."""
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != len(self._splits[0]) or sum(sizes) != self.global_batch or min(sizes) < 1:
+            raise ValueError(f"batch_sizes={sizes!r} is invalid: need {len(self._splits[0])} positive "
+                             f"entries summing to the global batch {self.global_batch}")
+        if from_step < self._starts[-1]:
+            raise ValueError(f"from_step={from_step} is before the last scheduled change {self._starts[-1]}")
+        if from_step == self._starts[-1]:
+            self._splits[-1] = sizes
+        else:
+            self._starts.append(from_step)
+            self._splits.append(sizes)
+
+    def sizes_at(self, global_step: int) -> list[int]:
+        return self._splits[bisect.bisect_right(self._starts, global_step) - 1]
+
+    def state_dict(self) -> dict:
+        return {"starts": list(self._starts), "splits": [list(s) for s in self._splits], "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._starts = list(state["starts"])
+        self._splits = [list(s) for s in state["splits"]]
+        self.epoch = int(state.get("epoch", self.epoch))
+
+    # ---- per-step plan ---------------------------------------------------------------
+    def steps_per_epoch(self) -> int:
+        g = self.global_batch
+        return self.num_samples // g if self.drop_last else math.ceil(self.num_samples / g)
+
+    def plan(self, step_in_epoch: int, epoch: int | None = None) -> StepPlan:
+        """Per-rank sizes of step ``step_in_epoch`` of ``epoch`` (default: the current epoch)."""
+        epoch = self.epoch if epoch is None else epoch
+        sizes = self.sizes_at(epoch * self.steps_per_epoch() + step_in_epoch)
+        g = self.global_batch
+        g_t = min(g, self.num_samples - step_in_epoch * g)
+        if g_t == g:
+            return StepPlan(list(sizes), g)
+        # Partial last batch: same proportions; ranks may get 0 when g_t < world size.
+        return StepPlan(split_batch(g_t, sizes, min_per_rank=1 if g_t >= len(sizes) else 0), g_t)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=g)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self._order()  # (n,)
+        g = self.global_batch
+        for t in range(self.steps_per_epoch()):
+            sizes = self.plan(t).sizes
+            start = t * g + sum(sizes[: self.rank])
+            if sizes[self.rank] == 0:
+                yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)
+            else:
+                yield order[start : start + sizes[self.rank]].tolist()
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch()

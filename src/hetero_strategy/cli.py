@@ -1,0 +1,42 @@
+"""The ``hetero-strategy`` command: one subcommand per module in ``hetero_strategy.commands``.
+
+Each command module exposes ``NAME``, ``HELP`` and ``add_arguments(parser)`` plus ``run(args) -> int``;
+adding a command means adding its module name to ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+COMMANDS: list[str] = []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetero-strategy",
+        description="Data-parallel training for heterogeneous GPU clusters (Lightning / Accelerate).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"hetero_strategy.commands.{name}")
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Sample-weighted gradient reduction: reduced = sum_r b_r * g_r / G (DESIGN.md semantics 3).
+
+DDP's own reduction divides by the world size, which is wrong when ranks hold unequal batches:
+each rank's gradient is of its *mean* loss, so it must count in proportion to its samples.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["WeightedReduceState", "weighted_allreduce_hook"]
+
+
+class WeightedReduceState:
+    """State shared by all hetero hooks: this rank's reduction weight, step counter and timings.
+
+    Call :meth:`set_local_batch` before each backward with this rank's sample count and the
+    step's global batch (``HeteroStrategy`` does this from its sampler). Without a call the
+    weight is 1/world_size, i.e. plain DDP averaging.
+
+    Compression states subclass this one, so every hook weights the same way.
+    """
+
+    __slots__ = [
+        # hyper-parameters
+        "process_group",
+        # internal state
+        "weight",
+        "step",
+        # stats
+        "last_hook_time",
+        "hook_calls",
+    ]
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+        self.process_group = process_group
+        world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        self.weight = 1.0 / world
+        self.step = 0
+        self.last_hook_time: float | None = None
+        self.hook_calls = 0
+
+    def set_local_batch(self, local_samples: int, global_samples: int) -> None:
+        """Weight this rank's gradient by ``local_samples / global_samples`` (0 for padding)."""
+        if global_samples <= 0 or not 0 <= local_samples <= global_samples:
+            raise ValueError(f"local_samples={local_samples}, global_samples={global_samples} are invalid: "
+                             "need 0 <= local_samples <= global_samples and global_samples > 0")
+        self.weight = local_samples / global_samples
+
+    def record_bucket(self, bucket: dist.GradBucket) -> None:
+        """Note when a bucket became ready; the last one marks the end of this rank's backward."""
+        self.hook_calls += 1
+        if bucket.is_last():
+            self.last_hook_time = time.perf_counter()
+            self.step += 1
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state.get("step", 0))
+
+
+def weighted_allreduce_hook(state: WeightedReduceState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP comm hook: scale the bucket by b_r / G, then sum across ranks.
+
+    1. ``buffer *= weight`` (this rank's b_r / G for the step),
+    2. ``all_reduce(SUM)`` asynchronously,
+    3. the future's value is the reduced flat bucket, written back by DDP.
+
+    Example::
+
+        state = WeightedReduceState()
+        ddp_model.register_comm_hook(state, weighted_allreduce_hook)
+        for x, y in loader:
+            state.set_local_batch(len(x), global_batch)
+            loss_fn(ddp_model(x), y).backward()
+    """
+    state.record_bucket(bucket)
+    tensor = bucket.buffer()  # (numel,) flat view of the bucket's gradients
+    tensor.mul_(state.weight)
+    fut = dist.all_reduce(tensor, group=state.process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

@@ -1,0 +1,62 @@
+"""Per-rank step timings: compute time (no waiting for peers), step time, and their spread."""
+
+from __future__ import annotations
+
+import time
+
+from hetero_strategy.balance.probe import all_gather_floats
+
+__all__ = ["StepTimer", "balance"]
+
+
+def balance(times: list[float]) -> float:
+    """1 - (max T - min T) / max T: 1.0 when every rank finishes its compute together."""
+    hi = max(times)
+    return 1.0 - (hi - min(times)) / hi if hi > 0 else 1.0
+
+
+class StepTimer:
+    """Times one optimizer step of this rank.
+
+    Compute ends when DDP hands the last gradient bucket to the comm hook (the rest of backward()
+    is waiting for peers); on no-sync steps, when backward() returns.
+    """
+
+    def __init__(self) -> None:
+        self.window_start: float | None = None
+        self.batch_start_time = 0.0
+        self.compute_time = 0.0
+        self.step_time = 0.0
+        self._compute_acc = 0.0
+        self.history: list[tuple[float, float]] = []  # (compute_s, step_s) per optimizer step
+
+    def batch_start(self) -> None:
+        self.batch_start_time = time.perf_counter()
+        if self.window_start is None:
+            self.window_start = self.batch_start_time
+
+    def backward_end(self, last_hook_time: float | None) -> None:
+        now = time.perf_counter()
+        end = last_hook_time if last_hook_time is not None and last_hook_time >= self.batch_start_time else now
+        self._compute_acc += end - self.batch_start_time
+
+    def step_end(self) -> None:
+        now = time.perf_counter()
+        self.compute_time = self._compute_acc
+        self.step_time = now - (self.window_start if self.window_start is not None else now)
+        self.history.append((self.compute_time, self.step_time))
+        del self.history[:-200]  # bounded: calibration uses at most the last 100 steps
+        self._compute_acc = 0.0
+        self.window_start = None
+
+    def gather_metrics(self, local_batch: int) -> dict[str, float]:
+        """All ranks' batch size, times and speed, plus the balance (one all-gather)."""
+        rows = all_gather_floats([float(local_batch), self.compute_time, self.step_time])
+        metrics: dict[str, float] = {}
+        for r, (b, compute, step) in enumerate(rows):
+            metrics[f"hetero/batch_size_r{r}"] = b
+            metrics[f"hetero/compute_s_r{r}"] = compute
+            metrics[f"hetero/step_s_r{r}"] = step
+            metrics[f"hetero/samples_per_s_r{r}"] = b / compute if compute > 0 else 0.0
+        metrics["hetero/balance"] = balance([row[1] for row in rows])
+        return metrics

@@ -1,0 +1,295 @@
+"""``HeteroStrategy``: Lightning's DDP with capacity-sized per-rank batches and weighted reduction.
+
+Lifecycle (each step is a small override of ``DDPStrategy``)::
+
+    setup                 -> remember the user's use_distributed_sampler; we place samplers ourselves
+    _register_ddp_hooks   -> register our comm hook on every device (Lightning does it on CUDA only)
+    process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
+    on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
+    optimizer_step        -> per-rank timings, metrics
+    save/load_checkpoint  -> every rank's sampler and hook state (Lightning saves rank 0 only)
+
+Example::
+
+    import lightning as L
+    import hetero_strategy  # registers strategy="hetero"
+
+    trainer = L.Trainer(strategy="hetero", accelerator="cpu", devices=2)
+    trainer = L.Trainer(strategy=hetero_strategy.HeteroStrategy(batch_sizes=[3, 13]), devices=2)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch
+from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
+from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.lightning.dataloaders import (
+    distributed_eval_loader,
+    hetero_train_loader,
+    probe_batch,
+    train_loader_batch_size,
+)
+from hetero_strategy.lightning.metrics import StepTimer
+
+__all__ = ["HeteroStrategy"]
+
+log = logging.getLogger(__name__)
+_CKPT_KEY = "hetero_strategy"
+
+
+class HeteroStrategy(DDPStrategy):
+    """DDP for heterogeneous clusters.
+
+    The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
+    size is what plain DDP would use, split across ranks by capacity. The reduced gradient is
+    sum_r b_r g_r / G, so training follows one process with batch G.
+
+    Args:
+        config: a :class:`HeteroConfig`, or the path of a YAML file holding one.
+        batch_sizes: explicit per-rank batch sizes (sum = B x world size).
+        capacities: relative per-rank capacities; batch sizes are split in proportion.
+        alpha, beta, max_batch_sizes, probe_steps, seed, calibrate, compression: see
+            :class:`HeteroConfig`; any other field of it may be passed as a keyword too.
+        **kwargs: remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
+    """
+
+    strategy_name = "hetero"
+
+    def __init__(
+        self,
+        config: str | Path | HeteroConfig | None = None,
+        *,
+        batch_sizes: list[int] | None = None,
+        capacities: list[float] | None = None,
+        alpha: float | None = None,
+        beta: float | None = None,
+        max_batch_sizes: list[int] | None = None,
+        probe_steps: int | None = None,
+        seed: int | None = None,
+        calibrate: bool | None = None,
+        compression: str | None = None,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = timedelta(minutes=30),
+        start_method: str = "popen",
+        **kwargs: Any,
+    ) -> None:
+        owners = field_owners()
+        flat = {k: v for k, v in locals().items() if k in owners and v is not None}
+        flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
+        if compression is not None:
+            flat["compression"] = compression
+        self.hetero_config = _resolve_config(config, flat)
+        for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
+            if kwargs.get(name) is not None:
+                raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
+                                  "comm hook; choose a codec with compression=... instead")
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            **kwargs,
+        )
+        self.hook_state: Any = None
+        self.sampler: HeteroBatchSampler | None = None
+        self.timer = StepTimer()
+        self._use_distributed_sampler = True
+        self._pending_state: dict | None = None
+
+    # ---- registry ------------------------------------------------------------------------
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register("hetero", cls, description="Heterogeneous-cluster DDP (capacity-sized batches)")
+        strategy_registry.register(
+            "hetero_topk", cls, description="hetero with Top-K compression and error feedback", compression="topk"
+        )
+        strategy_registry.register(
+            "hetero_tiered", cls, description="hetero with per-link-tier compression", compression="tiered"
+        )
+        strategy_registry.register(
+            "hetero_spawn", cls, description="hetero with start_method='spawn'", start_method="spawn"
+        )
+
+    # ---- setup ---------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: Any) -> None:
+        # NOTE: Lightning forces shuffling of training data when it injects its DistributedSampler,
+        # and the user's `shuffle` is lost by then. We switch its injection off and place the
+        # samplers ourselves in process_dataloader, following the user's DataLoader.
+        connector = trainer._accelerator_connector
+        self._use_distributed_sampler = connector.use_distributed_sampler
+        connector.use_distributed_sampler = False
+        self.hetero_config.balance.check_world_size(self.world_size)
+        super().setup(trainer)
+
+    @override
+    def _register_ddp_hooks(self) -> None:
+        # NOTE: DDPStrategy registers comm hooks only on CUDA; on CPU/gloo that would silently fall
+        # back to DDP's divide-by-world-size, which is wrong for unequal batches.
+        assert isinstance(self.model, DistributedDataParallel)
+        self.hook_state, hook = build_comm_hook(self.hetero_config, process_group=None, trainer=self._trainer())
+        if self._pending_state is not None and "hook" in self._pending_state:
+            self.hook_state.load_state_dict(self._pending_state["hook"])
+        self.model.register_comm_hook(self.hook_state, hook)
+
+    def _trainer(self) -> Any:
+        return self.lightning_module.trainer if self.lightning_module is not None else None
+
+    # ---- data ----------------------------------------------------------------------------
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self._trainer()
+        if not isinstance(dataloader, DataLoader) or trainer is None:
+            return dataloader
+        if trainer.state.stage == RunningStage.TRAINING:
+            return self._train_loader(dataloader)
+        if self._use_distributed_sampler:
+            return distributed_eval_loader(dataloader, self.world_size, self.global_rank, trainer.state.stage)
+        return dataloader
+
+    def _train_loader(self, dataloader: DataLoader) -> DataLoader:
+        batch = train_loader_batch_size(dataloader)
+        global_batch = batch * self.world_size
+        cfg = self.hetero_config.balance
+        cfg.check_world_size(self.world_size, global_batch)
+        sizes = self._plan_batch_sizes(dataloader, batch, global_batch)
+        seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        loader, self.sampler = hetero_train_loader(dataloader, sizes, self.global_rank, seed)
+        if self._pending_state is not None and "sampler" in self._pending_state:
+            self.sampler.load_state_dict(self._pending_state["sampler"])
+        rank_zero_info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
+                       f"(shuffle={self.sampler.shuffle}, seed={seed})")
+        return loader
+
+    def _plan_batch_sizes(self, dataloader: DataLoader, batch: int, global_batch: int) -> list[int]:
+        cfg = self.hetero_config.balance
+        if cfg.batch_sizes is not None:
+            return list(cfg.batch_sizes)
+        caps = cfg.capacities
+        if caps is None:
+            caps = self._probe_capacities(dataloader, batch)
+        return split_batch(global_batch, caps, cfg.max_batch_sizes)
+
+    def _probe_capacities(self, dataloader: DataLoader, batch: int) -> list[float]:
+        """Time forward+backward of the real model on every rank and all-gather the speeds."""
+        from hetero_strategy.lightning.probe import probe_training_speed
+
+        module = self.lightning_module
+        sample = self.batch_to_device(probe_batch(dataloader, batch), dataloader_idx=0)
+        speed = probe_training_speed(module, sample, batch, self.hetero_config.balance.probe_steps)
+        if speed is None:
+            rank_zero_warn("hetero: cannot probe a model with manual optimization; using equal shares. "
+                           "Pass batch_sizes=... or capacities=... to HeteroStrategy.")
+            return [1.0] * self.world_size
+        from hetero_strategy.balance.probe import all_gather_floats
+
+        speeds = [row[0] for row in all_gather_floats([speed])]
+        cfg = self.hetero_config.balance
+        rank_zero_info(f"hetero: probed samples/s per rank: {[round(s, 1) for s in speeds]}")
+        return capacity(speeds, None, cfg.alpha, cfg.beta)
+
+    # ---- per step ------------------------------------------------------------------------
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        if self.sampler is not None and self.hook_state is not None:
+            plan = self.sampler.plan(batch_idx)
+            self.hook_state.set_local_batch(plan.sizes[self.global_rank], plan.global_batch)
+        self.timer.batch_start()
+
+    @override
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        super().post_backward(closure_loss)
+        self.timer.backward_end(getattr(self.hook_state, "last_hook_time", None))
+
+    @override
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self.timer.step_end()
+        trainer = self._trainer()
+        if trainer is not None and self.sampler is not None:
+            self._after_step(trainer)
+        return out
+
+    def _after_step(self, trainer: Any) -> None:
+        """Log per-rank metrics at Lightning's logging cadence (one small all-gather then)."""
+        if (trainer.global_step % max(trainer.log_every_n_steps, 1)) != 0 or trainer.logger is None:
+            return
+        local = self.sampler.sizes_at(trainer.current_epoch * len(self.sampler))[self.global_rank]
+        metrics = self.timer.gather_metrics(local)
+        self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def hetero_state_dict(self) -> dict:
+        """This rank's hetero state: sampler schedule and hook state (e.g. residuals)."""
+        state: dict[str, Any] = {}
+        if self.sampler is not None:
+            state["sampler"] = self.sampler.state_dict()
+        if self.hook_state is not None:
+            state["hook"] = self.hook_state.state_dict()
+        return state
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # NOTE: Lightning writes rank 0's checkpoint only; per-rank state (error-feedback
+        # residuals) would be lost, so every rank's state is gathered into it first.
+        mine = self.hetero_state_dict()
+        if dist.is_available() and dist.is_initialized():
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        else:
+            gathered = [mine]
+        checkpoint[_CKPT_KEY] = {"ranks": gathered, "config": self.hetero_config.to_dict()}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = checkpoint.get(_CKPT_KEY)
+        if saved is not None:
+            ranks = saved["ranks"]
+            if len(ranks) != self.world_size:
+                rank_zero_warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
+                               f"{self.world_size}; batch plan and residuals start fresh")
+            else:
+                self._pending_state = ranks[self.global_rank]
+                if self.hook_state is not None and "hook" in self._pending_state:
+                    self.hook_state.load_state_dict(self._pending_state["hook"])
+                if self.sampler is not None and "sampler" in self._pending_state:
+                    self.sampler.load_state_dict(self._pending_state["sampler"])
+        return checkpoint
+
+
+def _resolve_config(config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> HeteroConfig:
+    if config is None:
+        return HeteroConfig.from_flat(**flat)
+    if isinstance(config, (str, Path)):
+        return HeteroConfig.from_yaml(config).replace(**flat)
+    if isinstance(config, HeteroConfig):
+        return config.replace(**flat)
+    raise ConfigError(f"config={config!r} is invalid: pass a HeteroConfig or the path of a YAML file")
