@@ -22,7 +22,33 @@ from torch.utils.data import Sampler
 
 from hetero_strategy.balance.shares import split_batch
 
-__all__ = ["HeteroBatchSampler", "StepPlan"]
+__all__ = ["GlobalOrderSampler", "HeteroBatchSampler", "StepPlan"]
+
+
+class GlobalOrderSampler(Sampler[int]):
+    """The order one process with the same seed would iterate; epoch e shuffles with seed + e."""
+
+    def __init__(self, num_samples: int, shuffle: bool = False, seed: int = 0) -> None:
+        self.num_samples = int(num_samples)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_samples)  # (n,)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=g)  # (n,)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order().tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class StepPlan(tuple):
@@ -76,10 +102,10 @@ class HeteroBatchSampler(Sampler[list[int]]):
             raise ValueError(f"rank={rank} is invalid: batch_sizes has {len(batch_sizes)} entries")
         self.num_samples = int(num_samples)
         self.rank = rank
-        self.shuffle = shuffle
-        self.seed = seed
         self.drop_last = drop_last
-        self.epoch = 0
+        # NOTE: Lightning calls set_epoch on `loader.batch_sampler.sampler`, not on the batch
+        # sampler itself, so the epoch lives in this inner sampler.
+        self.sampler = GlobalOrderSampler(num_samples, shuffle, seed)
         # Schedule of splits: batch sizes in force from a global step on (online calibration
         # appends to it; G stays constant so which samples a step consumes never changes).
         self._starts: list[int] = [0]
@@ -118,7 +144,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         self._starts = list(state["starts"])
         self._splits = [list(s) for s in state["splits"]]
-        self.epoch = int(state.get("epoch", self.epoch))
+        self.sampler.set_epoch(int(state.get("epoch", self.epoch)))
 
     # ---- per-step plan ---------------------------------------------------------------
     def steps_per_epoch(self) -> int:
@@ -136,18 +162,23 @@ class HeteroBatchSampler(Sampler[list[int]]):
         # Partial last batch: same proportions; ranks may get 0 when g_t < world size.
         return StepPlan(split_batch(g_t, sizes, min_per_rank=1 if g_t >= len(sizes) else 0), g_t)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    @property
+    def shuffle(self) -> bool:
+        return self.sampler.shuffle
 
-    def _order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.num_samples)
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_samples, generator=g)
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self._order()  # (n,)
+        order = self.sampler.order()  # (n,)
         g = self.global_batch
         for t in range(self.steps_per_epoch()):
             sizes = self.plan(t).sizes

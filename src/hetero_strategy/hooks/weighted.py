@@ -4,8 +4,8 @@ DDP's own reduction divides by the world size, which is wrong when ranks hold un
 each rank's gradient is of its *mean* loss, so it must count in proportion to its samples.
 """
 
-from __future__ import annotations
-
+# NOTE: no `from __future__ import annotations` here: DDP checks the hook's annotations are the
+# real dist.GradBucket / torch.futures.Future objects, and string annotations fail that check.
 import time
 
 import torch
@@ -35,7 +35,7 @@ class WeightedReduceState:
         "hook_calls",
     ]
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, process_group: "dist.ProcessGroup | None" = None) -> None:
         self.process_group = process_group
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.weight = 1.0 / world
@@ -64,7 +64,9 @@ class WeightedReduceState:
         self.step = int(state.get("step", 0))
 
 
-def weighted_allreduce_hook(state: WeightedReduceState, bucket: dist.GradBucket) -> torch.futures.Future:
+def weighted_allreduce_hook(
+    state: WeightedReduceState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: scale the bucket by b_r / G, then sum across ranks.
 
     1. ``buffer *= weight`` (this rank's b_r / G for the step),

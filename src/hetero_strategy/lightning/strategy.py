@@ -144,8 +144,13 @@ class HeteroStrategy(DDPStrategy):
         connector = trainer._accelerator_connector
         self._use_distributed_sampler = connector.use_distributed_sampler
         connector.use_distributed_sampler = False
-        self.hetero_config.balance.check_world_size(self.world_size)
         super().setup(trainer)
+
+    @override
+    def setup_environment(self) -> None:
+        # Refuse per-rank lists of the wrong length before any collective could hang on them.
+        self.hetero_config.balance.check_world_size(self.num_nodes * self.num_processes)
+        super().setup_environment()
 
     @override
     def _register_ddp_hooks(self) -> None:
