@@ -99,6 +99,7 @@ class HeteroStrategy(DDPStrategy):
         if compression is not None:
             flat["compression"] = compression
         self.hetero_config = _resolve_config(config, flat)
+        _check_ddp_kwargs(kwargs)
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -288,6 +289,19 @@ class HeteroStrategy(DDPStrategy):
                 if self.sampler is not None and "sampler" in self._pending_state:
                     self.sampler.load_state_dict(self._pending_state["sampler"])
         return checkpoint
+
+
+def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse keywords neither hetero nor DDP knows, here rather than deep inside DDP's constructor."""
+    import inspect
+
+    known = set(inspect.signature(DistributedDataParallel.__init__).parameters) | set(
+        inspect.signature(DDPStrategy.__init__).parameters
+    )
+    for key, value in kwargs.items():
+        if key not in known or key in ("self", "module", "kwargs"):
+            raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroStrategy takes the fields of "
+                              "HeteroConfig plus DDPStrategy/DistributedDataParallel keywords")
 
 
 def _resolve_config(config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> HeteroConfig:

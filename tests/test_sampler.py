@@ -1,0 +1,100 @@
+"""Semantics 1-2 on the sampler alone, against hand-built single-process orders."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hetero_strategy.balance import HeteroBatchSampler, split_batch
+
+
+def _single_process_batches(n, g, shuffle, seed, epoch, drop_last):
+    """What DataLoader(batch_size=g) over a seeded randperm (or range) yields in one process."""
+    order = list(range(n))
+    if shuffle:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    batches = [order[i:i + g] for i in range(0, n, g)]
+    return batches[:-1] if drop_last and len(batches[-1]) < g else batches
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 70, 81])
+@pytest.mark.parametrize("sizes", [[3, 13], [1, 1, 1, 1], [5, 2, 9]])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_together_consume_the_single_process_batches(n, sizes, shuffle, drop_last):
+    g = sum(sizes)
+    for epoch in (0, 3):
+        samplers = [HeteroBatchSampler(n, sizes, r, shuffle=shuffle, seed=7, drop_last=drop_last)
+                    for r in range(len(sizes))]
+        for s in samplers:
+            s.set_epoch(epoch)
+        per_rank = [list(s) for s in samplers]
+        expected = _single_process_batches(n, g, shuffle, 7, epoch, drop_last)
+        assert all(len(b) == len(expected) == len(s) for b, s in zip(per_rank, samplers))  # same step count
+        for t, want in enumerate(expected):
+            plan = samplers[0].plan(t)
+            got = []
+            for r in range(len(sizes)):
+                if plan.sizes[r] == 0:  # padding rank: one sample, zero weight
+                    assert len(per_rank[r][t]) == 1 and plan.weight(r) == 0
+                else:
+                    assert len(per_rank[r][t]) == plan.sizes[r]
+                    got += per_rank[r][t]  # contiguous slices in rank order
+            assert got == want
+            assert sum(plan.weight(r) for r in range(len(sizes))) == pytest.approx(1.0)
+            if len(want) == g:
+                assert plan.sizes == sizes
+
+
+def test_dataloader_with_the_batch_sampler_yields_the_slices():
+    data = torch.arange(20)
+    loader = DataLoader(data, batch_sampler=HeteroBatchSampler(20, [2, 6], rank=1))
+    assert [b.tolist() for b in loader] == [[2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15], [17, 18, 19]]  # last 4 split 1:3
+
+
+def test_schedule_changes_split_but_not_samples():
+    s0, s1 = (HeteroBatchSampler(64, [8, 8], r, shuffle=True) for r in range(2))
+    for s in (s0, s1):
+        s.set_batch_sizes([4, 12], from_step=2)
+    b0, b1 = list(s0), list(s1)
+    assert [len(b) for b in b0] == [8, 8, 4, 4]
+    expected = _single_process_batches(64, 16, True, 0, 0, False)
+    assert [x + y for x, y in zip(b0, b1)] == expected
+    state = s0.state_dict()
+    fresh = HeteroBatchSampler(64, [8, 8], 0, shuffle=True)
+    fresh.load_state_dict(state)
+    assert list(fresh) == b0
+    with pytest.raises(ValueError, match="summing to the global batch 16"):
+        s0.set_batch_sizes([4, 4], from_step=5)
+
+
+@pytest.mark.parametrize("g, caps, cap_max", [
+    (16, [1.0, 0.57], None), (17, [1, 1, 1], None), (4, [100, 1, 1, 1], None), (10, [1, 1, 1], [2, 100, 3]),
+    (1000, [0.3, 0.2, 0.5], None), (7, [1e-6, 1.0], None),
+])
+def test_split_is_exact_bounded_and_proportional(g, caps, cap_max):
+    sizes = split_batch(g, caps, cap_max)
+    assert sum(sizes) == g and min(sizes) >= 1
+    if cap_max:
+        assert all(b <= m for b, m in zip(sizes, cap_max))
+    else:
+        ideal = [g * c / sum(caps) for c in caps]
+        # largest remainder: each size is within one sample of its ideal (or raised to 1)
+        assert all(abs(b - max(i, 1)) < 1 + 1e-9 for b, i in zip(sizes, ideal))
+
+
+def test_split_rounds_by_largest_remainder():
+    assert split_batch(16, [1.0, 0.57]) == [10, 6]   # 10.19 / 5.81
+    assert split_batch(10, [1, 1, 1]) == [4, 3, 3]   # equal remainders: lower rank first
+    assert split_batch(10, [1, 1, 1], [2, 100, 3]) == [2, 5, 3]
+    with pytest.raises(ValueError, match="smaller than 3"):
+        split_batch(2, [1, 1, 1])
+
+
+def test_step_count_matches_dataloader():
+    for n, g, drop in [(70, 16, False), (70, 16, True), (64, 16, True)]:
+        s = HeteroBatchSampler(n, [3, 13], 0, drop_last=drop)
+        assert len(s) == (n // g if drop else math.ceil(n / g))
