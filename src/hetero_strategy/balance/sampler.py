@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -106,6 +107,9 @@ class HeteroBatchSampler(Sampler[list[int]]):
         # NOTE: Lightning calls set_epoch on `loader.batch_sampler.sampler`, not on the batch
         # sampler itself, so the epoch lives in this inner sampler.
         self.sampler = GlobalOrderSampler(num_samples, shuffle, seed)
+        # Steps yielded but not yet trained on, oldest first: loaders prefetch, and after a
+        # mid-epoch resume Lightning's batch_idx no longer counts from the iterator's start.
+        self._yielded: deque[tuple[int, int]] = deque()
         # Schedule of splits: batch sizes in force from a global step on (online calibration
         # appends to it; G stays constant so which samples a step consumes never changes).
         self._starts: list[int] = [0]
@@ -177,11 +181,20 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def next_plan(self) -> StepPlan | None:
+        """Plan of the oldest yielded batch not yet claimed (call once per trained batch)."""
+        if not self._yielded:
+            return None
+        epoch, t = self._yielded.popleft()
+        return self.plan(t, epoch)
+
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.order()  # (n,)
         g = self.global_batch
+        self._yielded.clear()
         for t in range(self.steps_per_epoch()):
             sizes = self.plan(t).sizes
+            self._yielded.append((self.epoch, t))
             start = t * g + sum(sizes[: self.rank])
             if sizes[self.rank] == 0:
                 yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)

@@ -224,7 +224,7 @@ class HeteroStrategy(DDPStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
         if self.sampler is not None and self.hook_state is not None:
-            plan = self.sampler.plan(batch_idx)
+            plan = self.sampler.next_plan() or self.sampler.plan(batch_idx)
             self.hook_state.set_local_batch(plan.sizes[self.global_rank], plan.global_batch)
         self.timer.batch_start()
 

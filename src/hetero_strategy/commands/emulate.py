@@ -1,0 +1,100 @@
+"""``hetero-strategy emulate``: run N ranks of any command on an emulated heterogeneous cluster.
+
+Example::
+
+    hetero-strategy emulate --nproc 2 --compute 1.0,0.57 --link 10gbit,100mbit -- python train.py
+    hetero-strategy emulate --simulate --compute 1.0,0.57 -- python train.py   # without root
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+NAME = "emulate"
+HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
+
+__all__ = ["NAME", "HELP", "add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: entries in --compute)")
+    parser.add_argument("--compute", default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
+    parser.add_argument("--link", default=None, help="per-rank link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
+    parser.add_argument("--latency", default=None, help="per-rank tbf queueing-latency bound in ms (default 50)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="no root: loopback, unshaped links, compute slowed by a SIGSTOP/SIGCONT duty cycle")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="stop every rank after this many seconds")
+    parser.add_argument("--no-measure", action="store_true", help="skip the per-rank link bandwidth probe")
+    parser.add_argument("--json", default=None, help="write the cluster description and exit codes here")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every rank")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from hetero_strategy.emulate import EmulatedCluster, EmulatorError
+    from hetero_strategy.emulate.report import cluster_table
+    from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
+
+    console = Console(stderr=True)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        console.print("[red]emulate: give the command to run after --, e.g. `-- python train.py`")
+        return 2
+    try:
+        compute, links, latency = _resolve(args, parse_float_list, parse_link_list)
+        cluster = EmulatedCluster(compute, links, latency, simulate=args.simulate, measure=not args.no_measure)
+    except ValueError as e:
+        console.print(f"[red]emulate: {e}")
+        return 2
+    # SIGTERM must unwind through the `with` below so that everything is removed.
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        with cluster:
+            for name in cluster.stale_removed:
+                console.print(f"emulate: removed stale {name}")
+            console.print(cluster_table(cluster.describe()))
+            result = cluster.run(cmd, timeout=args.timeout, capture=False)
+        label = " (simulated)" if args.simulate else ""
+        if result.timed_out:
+            console.print(f"[red]emulate{label}: timed out after {args.timeout:.0f} s; all ranks stopped")
+        elif result.failed_rank is not None:
+            console.print(f"[red]emulate{label}: rank {result.failed_rank} exited with "
+                          f"{result.returncodes[result.failed_rank]}; the other ranks were stopped")
+        else:
+            console.print(f"emulate{label}: all {len(compute)} ranks finished in {result.wall_s:.1f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"cluster": cluster.describe(), "returncodes": result.returncodes,
+                           "timed_out": result.timed_out, "wall_s": result.wall_s}, f, indent=2)
+        return result.returncode
+    except EmulatorError as e:
+        console.print(f"[red]emulate: {e}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[yellow]emulate: interrupted; every rank stopped and the cluster removed")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resolve(args, parse_float_list, parse_link_list):
+    compute = parse_float_list(args.compute, "--compute") if args.compute else None
+    n = args.nproc or (len(compute) if compute else 1)
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc={args.nproc} is invalid: give at least 1 rank")
+    if compute is None:
+        compute = [1.0] * n
+    if len(compute) == 1:
+        compute = compute * n
+    if len(compute) != n:
+        raise ValueError(f"--compute={args.compute!r} is invalid: give 1 or --nproc={n} factors")
+    latency = parse_float_list(args.latency, "--latency") if args.latency else None
+    return compute, parse_link_list(args.link), latency
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)

@@ -1,0 +1,251 @@
+"""``EmulatedCluster``: a heterogeneous cluster on one Linux box, built on enter and removed on exit.
+
+Real isolation (root): a network namespace per rank joined by a bridge, each rank's veth shaped with
+``tc tbf`` in both directions, a cgroup CPU quota per rank, one pinned core and one thread per rank.
+``simulate=True`` (no root needed): loopback, unshaped, and a SIGSTOP/SIGCONT duty cycle for compute.
+
+Example::
+
+    with EmulatedCluster(compute=[1.0, 0.57], links=["10gbit", "100mbit"]) as cluster:
+        print(cluster.describe())
+        result = cluster.run([sys.executable, "train.py"], timeout=600)
+        assert result.ok, result.outputs
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hetero_strategy.emulate import netns
+from hetero_strategy.emulate.launch import RankProcess, RunResult, supervise
+from hetero_strategy.emulate.spec import ClusterSpec
+from hetero_strategy.emulate.system import CpuCgroup, EmulatorError, cgroup_cpu_root, is_root, remove_cgroup
+
+__all__ = ["EmulatedCluster", "clean_stale", "leftovers"]
+
+_COUNTER = itertools.count()
+_MASTER_PORT = 29500  # every emulated cluster has fresh namespaces, so the default port is free
+_PROBE_PORT = 5999
+
+
+class EmulatedCluster:
+    """N ranks with their own compute quota and link rate (see the module docstring)."""
+
+    def __init__(self, compute: Sequence[float], links: Sequence[str] | None = None,
+                 latency_ms: Sequence[float] | None = None, simulate: bool = False, measure: bool = True) -> None:
+        self.spec = ClusterSpec(compute=list(compute), links=None if links is None else list(links),
+                                latency_ms=None if latency_ms is None else list(latency_ms), simulate=simulate)
+        self.measure = measure
+        self.tag = f"{os.getpid()}-{next(_COUNTER)}"
+        cpus = sorted(os.sched_getaffinity(0))
+        self.cores = [cpus[k % len(cpus)] for k in range(self.spec.nproc)]  # N > cores: ranks share
+        self.nets: list[netns.RankNet] = []
+        self.cgroups: list[CpuCgroup] = []
+        self.measured_mbit: list[float | None] = [None] * self.spec.nproc
+        self.stale_removed: list[str] = []
+        self._open = False
+
+    @property
+    def mode(self) -> str:
+        return "simulated" if self.spec.simulate else "namespaces"
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> EmulatedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self.spec.simulate:
+            self._open = True
+            return
+        if not is_root():
+            raise EmulatorError("real isolation needs root (network namespaces, tc, cgroups): run as root, "
+                                "or pass --simulate (simulate=True) for an unshaped loopback run with a "
+                                "simulated compute slowdown")
+        self.stale_removed = clean_stale()
+        self._open = True
+        atexit.register(self.close)  # also on sys.exit / unhandled exceptions; SIGKILL is left to clean_stale
+        try:
+            self.nets = netns.build_network(self.tag, self.spec.rates_bps, self.spec.latency_ms)
+            self.cgroups = [CpuCgroup(f"{netns.PREFIX}{self.tag}-r{k}", f) for k, f in enumerate(self.spec.compute)]
+            if self.measure:
+                self.measured_mbit = self.measure_links()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Remove everything this cluster created (idempotent, safe to call from atexit)."""
+        if not self._open:
+            return
+        self._open = False
+        errors = []
+        for cg in self.cgroups:
+            try:
+                cg.remove()
+            except EmulatorError as e:
+                errors.append(str(e))
+        for name in [n.netns for n in self.nets] + [netns.bridge_ns(self.tag)]:
+            netns.remove_namespace(name)
+        # Partially built clusters: anything else carrying our tag.
+        for name in netns.emulator_namespaces():
+            if name.startswith(f"{netns.PREFIX}{self.tag}-"):
+                netns.remove_namespace(name)
+        self.cgroups, self.nets = [], []
+        if errors:
+            raise EmulatorError("; ".join(errors))
+
+    # ---- running -----------------------------------------------------------------------
+    def rank_env(self, rank: int, world: Sequence[int], extra: dict[str, str] | None = None) -> dict[str, str]:
+        """torchrun-compatible environment of ``rank`` in a job made of the cluster ranks ``world``."""
+        idx = list(world).index(rank)
+        master = "127.0.0.1" if self.spec.simulate else self.nets[world[0]].addr
+        port = _free_port() if self.spec.simulate else _MASTER_PORT
+        env = dict(os.environ)
+        env.update(
+            RANK=str(idx), LOCAL_RANK=str(idx), GROUP_RANK="0", NODE_RANK="0", ROLE_RANK=str(idx),
+            WORLD_SIZE=str(len(world)), LOCAL_WORLD_SIZE=str(len(world)), ROLE_WORLD_SIZE=str(len(world)),
+            MASTER_ADDR=master, MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"hsem-{self.tag}",
+            GLOO_SOCKET_IFNAME="lo" if self.spec.simulate else netns.RANK_IFNAME,
+            OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+            HETERO_EMULATED=self.mode, HETERO_COMPUTE_FACTOR=f"{self.spec.compute[rank]:g}",
+            HETERO_LINK=str(self.spec.links[rank]),
+        )
+        if self.spec.simulate:
+            env["HETERO_SIMULATE_COMPUTE"] = f"{self.spec.compute[rank]:g}"
+        tier = self.spec.tier(rank)
+        if tier is not None and "HETERO_TIER" not in os.environ:
+            env["HETERO_TIER"] = tier
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: Sequence[str], timeout: float = 3600.0, env: dict[str, str] | None = None,
+            ranks: Sequence[int] | None = None, capture: bool = True) -> RunResult:
+        """Run ``argv`` once per rank (all ranks, or the job made of ``ranks``); see :func:`supervise`."""
+        if not self._open:
+            raise EmulatorError("the cluster is not started: use `with EmulatedCluster(...) as cluster:`")
+        world = list(range(self.spec.nproc)) if ranks is None else list(ranks)
+        master_env = self.rank_env(world[0], world, env)  # one port for the whole job
+        procs = []
+        for k in world:
+            e = self.rank_env(k, world, env)
+            e["MASTER_PORT"] = master_env["MASTER_PORT"]
+            procs.append(RankProcess(k, self._argv(k, list(argv)), e, self._preexec(k),
+                                     throttle=self.spec.compute[k] if self.spec.simulate else 1.0))
+        return supervise(procs, timeout, capture)
+
+    def exec(self, rank: int, argv: Sequence[str], timeout: float = 60.0, quota: bool = True
+             ) -> subprocess.CompletedProcess:
+        """Run one command in rank's namespace (and, with ``quota``, its cgroup and core)."""
+        try:
+            return subprocess.run(self._argv(rank, list(argv)), capture_output=True, text=True, timeout=timeout,
+                                  preexec_fn=self._preexec(rank) if quota else None)
+        except subprocess.TimeoutExpired as e:
+            raise EmulatorError(f"`{' '.join(argv)}` on rank {rank} did not finish within {timeout:.0f} s") from e
+
+    def _argv(self, rank: int, argv: list[str]) -> list[str]:
+        return argv if self.spec.simulate else ["ip", "netns", "exec", self.nets[rank].netns, *argv]
+
+    def _preexec(self, rank: int):
+        cgroup = None if self.spec.simulate else self.cgroups[rank]
+        core = self.cores[rank]
+
+        def enter() -> None:  # runs in the child between fork and exec
+            if cgroup is not None:
+                cgroup.add_self()
+            os.sched_setaffinity(0, {core})
+        return enter
+
+    # ---- links -------------------------------------------------------------------------
+    def measure_links(self) -> list[float | None]:
+        """Each rank's upload throughput (Mbit/s) to a sink on the bridge, one rank at a time."""
+        # NOTE: run the file, not `-m hetero_strategy...`: importing the package imports Lightning (seconds).
+        py = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]
+        sink = subprocess.Popen(["ip", "netns", "exec", netns.bridge_ns(self.tag), *py, "sink", netns.SINK_ADDR,
+                                 str(_PROBE_PORT), str(self.spec.nproc)], stdout=subprocess.PIPE, text=True)
+        try:
+            if sink.stdout.readline().strip() != "ready":
+                raise EmulatorError("link probe sink did not start in the bridge namespace")
+            out = []
+            for k, rate in enumerate(self.spec.rates_bps):
+                nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.4, 1 << 20), 32 << 20))
+                res = self.exec(k, [*py, "send", netns.SINK_ADDR, str(_PROBE_PORT), str(nbytes)], quota=False)
+                if res.returncode != 0:
+                    raise EmulatorError(f"link probe of rank {k} failed: {res.stderr.strip()[-500:]}")
+                out.append(float(res.stdout.split()[-1]))
+            return out
+        finally:
+            sink.kill()
+            sink.wait(timeout=5)
+
+    def describe(self) -> list[dict]:
+        """One row per rank: what the cluster is (for tables and JSON)."""
+        return [{
+            "rank": k, "mode": self.mode, "compute_factor": self.spec.compute[k], "core": self.cores[k],
+            "link": self.spec.links[k] if not self.spec.simulate else "unshaped (simulated)",
+            "tier": self.spec.tier(k), "address": "127.0.0.1" if self.spec.simulate else self.nets[k].addr,
+            "netns": None if self.spec.simulate else self.nets[k].netns,
+            "measured_mbit_s": self.measured_mbit[k],
+        } for k in range(self.spec.nproc)]
+
+
+def clean_stale() -> list[str]:
+    """Remove namespaces and cgroups left by emulate processes that no longer exist (e.g. SIGKILLed)."""
+    removed = []
+    for name in netns.emulator_namespaces():
+        if not _alive(netns.owner_pid(name)):
+            netns.remove_namespace(name)
+            removed.append(f"netns {name}")
+    try:
+        root, _ = cgroup_cpu_root()
+    except EmulatorError:
+        return removed
+    for d in sorted(root.glob(f"{netns.PREFIX}*")):
+        if d.is_dir() and not _alive(netns.owner_pid(d.name)):
+            remove_cgroup(d)
+            removed.append(f"cgroup {d}")
+    return removed
+
+
+def leftovers() -> list[str]:
+    """Everything with the emulator's prefix that exists now (namespaces, interfaces, cgroups)."""
+    found = [f"netns {n}" for n in netns.emulator_namespaces()]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if netns.PREFIX in line]
+    try:
+        root, _ = cgroup_cpu_root()
+        found += [f"cgroup {d}" for d in root.glob(f"{netns.PREFIX}*")]
+    except EmulatorError:
+        pass
+    return found
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,125 @@
+"""Start one process per rank, watch them, and stop all of them when one fails or time runs out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hetero_strategy.emulate.throttle import DutyCycle
+
+__all__ = ["RankProcess", "RunResult", "supervise"]
+
+_POLL_S = 0.05
+_TERM_GRACE_S = 3.0
+
+
+@dataclass
+class RankProcess:
+    """How to start one rank: argv, environment, and a pre-exec hook (cgroup + pinning)."""
+
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    preexec: Callable[[], None] | None = None
+    throttle: float = 1.0  # < 1: SIGSTOP/SIGCONT duty cycle (simulated compute)
+
+
+@dataclass
+class RunResult:
+    """Outcome of :func:`supervise`: per-rank exit codes and (when captured) output."""
+
+    returncodes: list[int]
+    outputs: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    timed_out: bool = False
+    failed_rank: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(c == 0 for c in self.returncodes)
+
+    @property
+    def returncode(self) -> int:
+        """0 when every rank succeeded; 124 on timeout; else the first failing rank's code (or 1)."""
+        if self.timed_out:
+            return 124
+        if self.failed_rank is not None:
+            code = self.returncodes[self.failed_rank]
+            return code if code > 0 else 128 + (-code)  # killed by a signal: shell convention
+        return next((c for c in self.returncodes if c != 0), 0)
+
+
+def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True) -> RunResult:
+    """Run every rank; the first non-zero exit or the timeout stops all of them (bounded waits)."""
+    logs = [tempfile.TemporaryFile(mode="w+b") for _ in ranks] if capture else []
+    procs: list[subprocess.Popen] = []
+    throttles: list[DutyCycle] = []
+    t0 = time.monotonic()
+    result = RunResult(returncodes=[])
+    try:
+        for i, r in enumerate(ranks):
+            out = logs[i] if capture else None
+            procs.append(subprocess.Popen(r.argv, env=r.env, stdout=out, stderr=subprocess.STDOUT if capture else None,
+                                          start_new_session=True, preexec_fn=r.preexec))
+            throttles.append(DutyCycle(procs[-1].pid, r.throttle))
+            throttles[-1].start()
+        _watch(procs, t0 + timeout, result)
+    finally:
+        for t in throttles:
+            t.stop()
+        stop_all(procs)
+        result.returncodes = [p.returncode if p.returncode is not None else -9 for p in procs]
+        result.wall_s = time.monotonic() - t0
+        for f in logs:
+            f.seek(0)
+            result.outputs.append(f.read().decode(errors="replace"))
+            f.close()
+    return result
+
+
+def _watch(procs: list[subprocess.Popen], deadline: float, result: RunResult) -> None:
+    max_polls = int((deadline - time.monotonic()) / _POLL_S) + 2
+    for _ in range(max_polls):  # bounded in count as well as in time
+        codes = [p.poll() for p in procs]
+        failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            result.failed_rank = failed[0]
+            return
+        if all(c is not None for c in codes):
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_S)
+    result.timed_out = True
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each rank's process group, then SIGKILL what is left after a short grace."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        _killpg(p.pid, signal.SIGCONT)
+        _killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _TERM_GRACE_S
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        _killpg(p.pid, signal.SIGKILL)  # also reaps children that outlived their leader
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

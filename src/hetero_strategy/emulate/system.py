@@ -1,0 +1,116 @@
+"""Thin, bounded wrappers around ``ip``, ``tc`` and the cgroup filesystem (root only).
+
+Every call has a timeout; failures raise :class:`EmulatorError` with the command and its stderr.
+cgroup v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and v2 (``cpu.max``) are both handled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["EmulatorError", "sh", "is_root", "cgroup_cpu_root", "CpuCgroup", "kill_pids"]
+
+_CGROUP = Path("/sys/fs/cgroup")
+_PERIOD_US = 100_000
+
+
+class EmulatorError(RuntimeError):
+    """The emulator could not build or run the cluster; the message says what to do."""
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def sh(*args: str, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one system command, bounded in time; raise EmulatorError on failure when ``check``."""
+    if shutil.which(args[0]) is None:
+        raise EmulatorError(f"{args[0]!r} not found: install iproute2 (ip, tc) to build an emulated cluster")
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise EmulatorError(f"`{' '.join(args)}` did not finish within {timeout:.0f} s") from e
+    if check and out.returncode != 0:
+        raise EmulatorError(f"`{' '.join(args)}` failed ({out.returncode}): {out.stderr.strip()}")
+    return out
+
+
+def cgroup_cpu_root() -> tuple[Path, int]:
+    """(directory under which per-rank cpu cgroups are made, cgroup version 1 or 2)."""
+    if (_CGROUP / "cgroup.controllers").exists():  # pure v2 hierarchy mounted at /sys/fs/cgroup
+        if "cpu" not in (_CGROUP / "cgroup.controllers").read_text().split():
+            raise EmulatorError("cgroup v2 without the cpu controller: enable it to emulate compute speed")
+        return _CGROUP, 2
+    for name in ("cpu", "cpu,cpuacct"):
+        if (_CGROUP / name / "cpu.cfs_quota_us").exists():
+            return _CGROUP / name, 1
+    raise EmulatorError(f"no cgroup cpu controller under {_CGROUP}: mount cgroup v1 'cpu' or v2 with 'cpu'")
+
+
+class CpuCgroup:
+    """One cgroup with a CPU quota of ``factor`` cores; ``remove`` kills what is left and deletes it."""
+
+    def __init__(self, name: str, factor: float) -> None:
+        root, self.version = cgroup_cpu_root()
+        self.path = root / name
+        self.factor = factor
+        self.path.mkdir(exist_ok=True)
+        quota = max(1000, int(round(factor * _PERIOD_US)))
+        if self.version == 1:
+            (self.path / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            _enable_v2_cpu(root)
+            (self.path / "cpu.max").write_text(f"{quota} {_PERIOD_US}")
+
+    def add_self(self) -> None:
+        """Move the calling process into the cgroup (used in a child before exec)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def pids(self) -> list[int]:
+        return read_pids(self.path)
+
+    def remove(self) -> None:
+        remove_cgroup(self.path)
+
+
+def _enable_v2_cpu(root: Path) -> None:
+    control = root / "cgroup.subtree_control"
+    if "cpu" not in control.read_text().split():
+        control.write_text("+cpu")
+
+
+def read_pids(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return []
+
+
+def remove_cgroup(path: Path) -> None:
+    """Kill the processes still in the cgroup, then rmdir it (bounded: 50 tries, ~5 s)."""
+    for _ in range(50):
+        if not path.exists():
+            return
+        kill_pids(read_pids(path), signal.SIGKILL)
+        try:
+            path.rmdir()
+            return
+        except OSError:  # EBUSY while killed tasks are still exiting
+            time.sleep(0.1)
+    raise EmulatorError(f"could not remove cgroup {path}: processes {read_pids(path)} remain")
+
+
+def kill_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,138 @@
+"""Compressors (GRACE's "Compressor" role): turn a flat fp32 gradient into a payload and back.
+
+* :class:`TopKCodec` — the k largest-magnitude entries as fp32 values + int32 indices, packed into
+  one fp32 buffer of fixed capacity (indices bit-cast), so one all-gather moves both.
+* :class:`SignCodec` — 1 bit per entry (packed 8 per byte) plus one fp32 scale (mean |x|).
+* :func:`cast_payload` — fp16/bf16 cast for a dense all-reduce.
+
+The Top-K inner loops go through ``hetero_strategy.triton_kernels.dispatch`` when it is installed
+(Triton on GPU, torch elsewhere); the torch code below is the fallback and the reference.
+
+Example::
+
+    acc = torch.randn(1000)
+    payload, residual = TopKCodec.compress(acc, k=10, capacity=16)  # (32,) fp32, (1000,) fp32
+    dense = TopKCodec.decompress(payload.view(1, -1), numel=1000)   # (1000,), 10 non-zeros
+    assert torch.equal(dense + residual, acc)
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # NOTE: written in parallel by the kernels work; the torch fallback keeps us working without it
+    from hetero_strategy.triton_kernels import dispatch as _dispatch
+except ImportError:  # pragma: no cover - depends on the install
+    _dispatch = None
+
+__all__ = ["SignCodec", "TopKCodec", "cast_payload", "ef_accumulate"]
+
+
+def _use_dispatch(backend: str, name: str) -> bool:
+    """Whether to route ``name`` through the kernels' dispatcher ("torch" never, "triton" always)."""
+    if backend == "torch":
+        return False
+    available = _dispatch is not None and hasattr(_dispatch, name)
+    if backend == "triton" and not available:
+        raise RuntimeError(f"compression_backend='triton' is invalid here: hetero_strategy.triton_kernels."
+                           f"dispatch.{name} is not installed; use compression_backend='auto' or 'torch'")
+    return available
+
+
+def ef_accumulate(grad: torch.Tensor, residual: torch.Tensor | None, gamma: float,
+                  backend: str = "auto") -> torch.Tensor:
+    """acc = grad + gamma * residual in fp32 (a new tensor; ``grad`` is not modified)."""
+    if residual is None:
+        return grad.to(torch.float32, copy=True)
+    if _use_dispatch(backend, "ef_accumulate"):
+        return _dispatch.ef_accumulate(grad, residual, gamma)
+    return torch.add(grad.to(torch.float32), residual, alpha=gamma)
+
+
+def _topk_select_torch(acc: torch.Tensor, k: int, capacity: int):
+    """(values (capacity,), indices (capacity,) int32, new_residual): acc minus the sent entries."""
+    values = torch.zeros(capacity, dtype=torch.float32, device=acc.device)
+    indices = torch.zeros(capacity, dtype=torch.int32, device=acc.device)
+    residual = acc.clone()
+    if k > 0:
+        # NOTE: NaN sorts above every number in torch.topk, so a non-finite bucket keeps them in;
+        # the hook marks such a bucket non-finite anyway (see compressed.py).
+        idx = torch.topk(acc.abs(), k, sorted=False).indices  # (k,) int64
+        values[:k] = acc[idx]
+        indices[:k] = idx.to(torch.int32)
+        residual[idx] = 0.0
+    return values, indices, residual
+
+
+class TopKCodec:
+    """Top-K sparsification with a fixed-capacity payload (padding: value 0 at index 0)."""
+
+    @staticmethod
+    def payload_numel(capacity: int) -> int:
+        return 2 * capacity  # fp32 values then int32 indices bit-cast to fp32
+
+    @staticmethod
+    def compress(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """Payload (2*capacity,) fp32 and the new residual (acc with the sent entries zeroed)."""
+        assert acc.dtype == torch.float32 and acc.dim() == 1, "acc must be a flat fp32 tensor"
+        assert 0 <= k <= min(capacity, acc.numel()), f"need 0 <= k={k} <= capacity={capacity}, numel"
+        if _use_dispatch(backend, "topk_select"):
+            values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity)
+        else:
+            values, indices, residual = _topk_select_torch(acc, k, capacity)
+        payload = torch.cat([values, indices.view(torch.float32)])  # (2*capacity,)
+        return payload, residual
+
+    @staticmethod
+    def decompress(gathered: torch.Tensor, numel: int) -> torch.Tensor:
+        """Sum of every rank's sparse payload: gathered (R, 2*capacity) -> dense (numel,) fp32.
+
+        Ranks are added one after another: within one rank the indices are distinct (padding adds
+        0.0), so the result is the same on every rank and every device (no atomics race).
+        """
+        capacity = gathered.shape[1] // 2
+        out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
+        for row in gathered:  # (2*capacity,) per rank
+            idx = row[capacity:].contiguous().view(torch.int32).long()  # (capacity,)
+            out.index_add_(0, idx, row[:capacity])
+        return out
+
+
+class SignCodec:
+    """1-bit sign compression with a per-rank scale (mean |acc|), as in signSGD with error feedback."""
+
+    _BITS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+    @staticmethod
+    def payload_numel(numel: int) -> int:
+        return (numel + 7) // 8 + 4  # packed sign bytes + one fp32 scale as 4 bytes
+
+    @classmethod
+    def compress(cls, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Payload (uint8: ceil(n/8) sign bytes + 4 scale bytes) and residual = acc - scale*sign."""
+        n = acc.numel()
+        scale = acc.abs().mean().reshape(1)  # (1,) fp32; NaN if acc holds one
+        positive = acc >= 0  # (n,) bool
+        signs = positive.to(torch.float32).mul_(2.0).sub_(1.0)  # (n,) in {-1, +1}
+        residual = acc - scale * signs
+        padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=acc.device)
+        padded[:n] = positive.to(torch.uint8)
+        weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=acc.device)
+        packed = (padded.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)  # (ceil(n/8),)
+        return torch.cat([packed, scale.view(torch.uint8)]), residual
+
+    @classmethod
+    def decompress(cls, gathered: torch.Tensor, numel: int) -> torch.Tensor:
+        """Sum over ranks of scale_r * sign_r: gathered (R, payload) uint8 -> (numel,) fp32."""
+        weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=gathered.device)
+        out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
+        for row in gathered:
+            scale = row[-4:].contiguous().view(torch.float32)  # (1,)
+            bits = (row[:-4].unsqueeze(1) & weights).ne(0).reshape(-1)[:numel]  # (numel,) bool
+            out.add_(bits.to(torch.float32).mul_(2.0).sub_(1.0).mul_(scale))
+        return out
+
+
+def cast_payload(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of ``tensor`` in ``dtype`` (fp16/bf16) for a dense all-reduce at half the bytes."""
+    return tensor.to(dtype)

@@ -1,0 +1,53 @@
+"""Collectives (GRACE's "Communicator" role) with exact per-rank byte accounting.
+
+Every function *issues* its collective immediately (never from a future callback): on gloo all
+ranks must issue collectives in the same order, and DDP calls the hook for buckets in index order
+on every rank, so issuing from the hook call keeps the order uniform.
+
+Bytes are counted as the standard ring algorithms move them, per rank:
+all-reduce of B bytes sends and receives 2(W-1)/W * B; all-gather of P bytes per rank sends and
+receives (W-1) * P.
+
+Example::
+
+    fut, nbytes = all_reduce(tensor, group=None)       # fut.value()[0] is the summed tensor
+    fut, out, nbytes = all_gather(payload, group=None) # out: (W, payload numel)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_gather", "all_reduce", "completed", "world_size"]
+
+
+def world_size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[torch.futures.Future, int]:
+    """Sum ``tensor`` in place across ranks; (future, bytes sent = bytes received by this rank)."""
+    w = world_size(group)
+    if w == 1:
+        return completed(tensor), 0
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    nbytes = 2 * (w - 1) * tensor.numel() * tensor.element_size() // w
+    return fut, nbytes
+
+
+def all_gather(payload: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[torch.futures.Future, torch.Tensor, int]:
+    """Gather equal-size 1-D payloads into (W, numel); (future, output, bytes sent by this rank)."""
+    w = world_size(group)
+    if w == 1:
+        return completed(payload), payload.unsqueeze(0), 0
+    out = torch.empty((w, payload.numel()), dtype=payload.dtype, device=payload.device)
+    fut = dist.all_gather_into_tensor(out, payload, group=group, async_op=True).get_future()
+    return fut, out, (w - 1) * payload.numel() * payload.element_size()
+
+
+def completed(value: torch.Tensor) -> torch.futures.Future:
+    """A future already holding ``value`` (for steps with nothing to exchange)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut

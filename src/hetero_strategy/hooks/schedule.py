@@ -1,0 +1,47 @@
+"""Density schedule of the sparse exchange (DESIGN.md semantics 7).
+
+A dense warm-up, then a cosine decay from ``base_density x tier_factor`` to ``min_density`` over
+``period`` steps; after the period the density stays at its floor. Every rank computes every
+rank's schedule from the step number alone, so payload sizes agree without communication.
+
+Example::
+
+    s = DensitySchedule(base_density=0.01, min_density=0.001, warmup_steps=10, period=1000)
+    s.density(step=5, tier_factor=0.5)     # 1.0 (warm-up: dense)
+    s.density(step=10, tier_factor=0.5)    # 0.005
+    s.k(numel=1_000_000, step=10, tier_factor=0.5)   # 5000 entries
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DensitySchedule"]
+
+
+@dataclass(frozen=True)
+class DensitySchedule:
+    base_density: float
+    min_density: float
+    warmup_steps: int = 1
+    period: int = 1000
+    cosine: bool = True
+    """False keeps base_density x tier_factor constant after the warm-up."""
+
+    def in_warmup(self, step: int) -> bool:
+        return step < self.warmup_steps
+
+    def density(self, step: int, tier_factor: float | None) -> float:
+        """Fraction of entries sent at ``step`` by a rank of the given tier (None = dense tier)."""
+        if tier_factor is None or self.in_warmup(step):
+            return 1.0
+        t = min(step - self.warmup_steps, self.period)  # hold the floor once the period is over
+        decay = (1.0 + math.cos(math.pi * t / self.period)) / 2.0 if self.cosine else 1.0
+        return min(1.0, max(self.min_density, self.base_density * tier_factor * decay))
+
+    def k(self, numel: int, step: int, tier_factor: float | None) -> int:
+        """Entries sent from a bucket of ``numel`` entries (at least 1 for a non-empty bucket)."""
+        if numel == 0:
+            return 0
+        return min(numel, max(1, math.ceil(self.density(step, tier_factor) * numel)))

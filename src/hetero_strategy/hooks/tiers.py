@@ -1,0 +1,147 @@
+"""Link tiers: how hard each rank compresses, how often it exchanges, how strongly it compensates.
+
+DESIGN.md semantics 8. A rank's tier comes, in this order, from the configuration (``tier=``),
+the ``HETERO_TIER`` environment variable, or a measurement: ranks that share a host *and* a
+network namespace talk over shared memory/loopback and get ``nvlink`` (dense); otherwise a short
+all-reduce probe measures the link and :func:`tier_from_bandwidth` maps it to a tier.
+
+Example::
+
+    policy = tier_policy("eth1g")                 # TierPolicy(tier_factor=0.1, exchange_every=5, gamma=0.98)
+    policy = tier_policy("ib", {"ib": {"gamma": 0.8}})
+    tier_from_bandwidth(0.1)                      # 'eth1g' (a 100 Mbit/s link)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DEFAULT_TIERS",
+    "TIER_ENV",
+    "TierPolicy",
+    "gather_tiers",
+    "measure_bandwidth_gbps",
+    "resolve_tier",
+    "tier_from_bandwidth",
+    "tier_policy",
+]
+
+TIER_ENV = "HETERO_TIER"
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    """Compression policy of one link tier."""
+
+    tier_factor: float | None
+    """Multiplies base_density; None means the tier sends dense gradients."""
+    exchange_every: int
+    """Exchange every N steps; in between the rank sends nothing and keeps its gradient in the residual."""
+    gamma: float
+    """Error-feedback compensation strength (residual decay); ignored by dense tiers."""
+
+
+# DESIGN.md table "Tiers" (field experience); every entry can be overridden from the config.
+DEFAULT_TIERS: dict[str, TierPolicy] = {
+    "nvlink": TierPolicy(tier_factor=None, exchange_every=1, gamma=1.0),
+    "ib": TierPolicy(tier_factor=0.5, exchange_every=1, gamma=0.9),
+    "eth10g": TierPolicy(tier_factor=0.3, exchange_every=2, gamma=0.95),
+    "eth1g": TierPolicy(tier_factor=0.1, exchange_every=5, gamma=0.98),
+}
+
+# Lower bounds of measured all-reduce bandwidth (Gbit/s) per tier, fastest first. A probe on a
+# link measures less than its line rate (latency, protocol), hence the margins below each class.
+_BANDWIDTH_FLOORS = (("nvlink", 200.0), ("ib", 40.0), ("eth10g", 3.0))
+
+
+def tier_policy(tier: str, overrides: dict[str, dict[str, Any]] | None = None) -> TierPolicy:
+    """The policy of ``tier`` with the config's per-tier overrides applied (validated by the config)."""
+    base = DEFAULT_TIERS[tier]
+    extra = (overrides or {}).get(tier) or {}
+    return dataclasses.replace(base, **extra)
+
+
+def tier_from_bandwidth(gbps: float) -> str:
+    """Map a measured all-reduce bandwidth in Gbit/s to a tier name."""
+    for name, floor in _BANDWIDTH_FLOORS:
+        if gbps >= floor:
+            return name
+    return "eth1g"
+
+
+def measure_bandwidth_gbps(process_group: dist.ProcessGroup | None = None) -> float:
+    """Algorithmic bandwidth of a dense all-reduce (payload bits / time), in Gbit/s.
+
+    Collective: every rank of the group must call it. The payload grows (256 KiB -> 32 MiB) until
+    one all-reduce takes >= 50 ms on the slowest rank, so fast links are not measured by latency.
+    """
+    device = _device_for(process_group)
+    elapsed, nbytes = 0.0, 0
+    for numel in (1 << 16, 1 << 20, 1 << 23):  # 256 KiB, 4 MiB, 32 MiB of fp32
+        payload = torch.ones(numel, device=device)
+        dist.all_reduce(payload, group=process_group)  # warm-up: connection setup, allocation
+        t0 = time.perf_counter()
+        dist.all_reduce(payload, group=process_group)
+        _ = payload[0].item()  # NOTE: one host sync at setup, so the time covers the transfer
+        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(took, group=process_group, op=dist.ReduceOp.MAX)  # every rank decides alike
+        elapsed, nbytes = float(took.item()), numel * 4
+        if elapsed >= 0.05:
+            break
+    return nbytes * 8 / max(elapsed, 1e-9) / 1e9
+
+
+def _host_identity() -> str:
+    """Host name plus network namespace: ranks in separate namespaces (emulated links) differ."""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}|{netns}"
+
+
+def _device_for(process_group: dist.ProcessGroup | None) -> torch.device:
+    if dist.get_backend(process_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def resolve_tier(configured: str | None, process_group: dist.ProcessGroup | None = None) -> str:
+    """This rank's tier: config, else ``HETERO_TIER``, else measured (collective when measuring).
+
+    All ranks of the group must call this together: the measurement is collective, and whether it
+    happens is agreed first, so a rank with a configured tier still joins the others' probe.
+    """
+    local = configured or os.environ.get(TIER_ENV) or None
+    if local is not None and local not in DEFAULT_TIERS:
+        raise ValueError(f"{TIER_ENV}={local!r} is invalid: choose one of {', '.join(DEFAULT_TIERS)}")
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(process_group) == 1:
+        return local or "nvlink"
+    world = dist.get_world_size(process_group)
+    infos: list[Any] = [None] * world
+    dist.all_gather_object(infos, (local, _host_identity()), group=process_group)
+    if all(tier is not None for tier, _ in infos):
+        return local  # type: ignore[return-value]
+    if len({host for _, host in infos}) == 1:
+        measured = "nvlink"  # one host, one network namespace: shared memory / loopback
+    else:
+        measured = tier_from_bandwidth(measure_bandwidth_gbps(process_group))
+    return local or measured
+
+
+def gather_tiers(tier: str, process_group: dist.ProcessGroup | None = None) -> list[str]:
+    """Every rank's tier (collective), so each rank can compute every rank's payload size."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [tier]
+    out: list[Any] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(out, tier, group=process_group)
+    return list(out)

@@ -1,0 +1,129 @@
+"""HeteroStrategy end to end on 2 gloo ranks: errors, the probe, metrics, checkpoints, eval loaders."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([(torch.zeros(5), torch.zeros(()))] * 8)
+
+
+class _WithVal(Regressor):
+    def __init__(self):
+        super().__init__()
+        self.val_seen = 0
+
+    def validation_step(self, batch, batch_idx):
+        self.val_seen += len(batch[0])
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects the message
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hetero_strategy import HeteroStrategy
+
+    out: dict = {}
+    data = make_data(80)
+    # Wrong number of batch sizes: refused before any collective runs.
+    out["wrong_len"] = _error(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13, 4]), max_steps=1,
+                                                **trainer_kwargs()).fit(Regressor(), loader(data, 8)))
+    out["wrong_sum"] = _error(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 12]), max_steps=1,
+                                                **trainer_kwargs()).fit(Regressor(), loader(data, 8)))
+    out["iterable"] = _error(lambda: L.Trainer(strategy="hetero", max_steps=1, **trainer_kwargs()).fit(
+        Regressor(), torch.utils.data.DataLoader(_Stream(), batch_size=4)))
+
+    # Automatic probe: any split it picks must keep one-process semantics, and sum to G.
+    model = Regressor()
+    trainer = L.Trainer(strategy="hetero", max_steps=4, log_every_n_steps=1,
+                        **trainer_kwargs(logger=CSVLogger(tmp, name="probe")))
+    trainer.fit(model, loader(data, 8, shuffle=True))
+    out["probe_sizes"] = trainer.strategy.sampler.batch_sizes
+    out["probe_weights"] = [p.detach().clone() for p in model.net.parameters()]
+    out["log_dir"] = trainer.logger.log_dir
+
+    # Checkpoint at an epoch boundary with a changed split, then resume.
+    data32 = make_data(32)
+    model = Regressor()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13]), max_epochs=1, **trainer_kwargs())
+    trainer.fit(model, loader(data32, 8, shuffle=True))
+    trainer.strategy.sampler.set_batch_sizes([5, 11], from_step=2)
+    ckpt = os.path.join(tmp, "mid.ckpt")
+    trainer.save_checkpoint(ckpt)
+    resumed = Regressor()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13]), max_epochs=2, **trainer_kwargs())
+    trainer.fit(resumed, loader(data32, 8, shuffle=True), ckpt_path=ckpt)
+    out["resume_seen"] = resumed.seen
+    out["resume_weights"] = [p.detach().clone() for p in resumed.net.parameters()]
+    out["ckpt_ranks"] = len(torch.load(ckpt, weights_only=False)["hetero_strategy"]["ranks"])
+
+    # Evaluation loaders are sharded as under DDP (each rank half of the samples).
+    model = _WithVal()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13]), max_steps=1, **trainer_kwargs())
+    trainer.validate(model, loader(make_data(10), 2))
+    out["val_seen"] = model.val_seen
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_distributed(_scenarios, 2, str(tmp_path_factory.mktemp("strategy")), timeout=240)
+
+
+def test_clear_errors_not_hangs(results):
+    for r in results:
+        assert "batch_sizes=[3, 13, 4] is invalid: has 3 entries but the job has 2 ranks" in r["wrong_len"]
+        assert "batch_sizes=[3, 12] is invalid: they sum to 15 but dataloader batch_size x world_size = 16" \
+            in r["wrong_sum"]
+        assert "IterableDataset cannot be split" in r["iterable"]
+
+
+def test_probe_split_keeps_one_process_semantics(results):
+    sizes = results[0]["probe_sizes"]
+    assert sizes == results[1]["probe_sizes"] and sum(sizes) == 16 and min(sizes) >= 1
+    oracle = one_process_sgd(make_data(80), 16, 4, shuffle=True)
+    for r in results:
+        for got, want in zip(r["probe_weights"], oracle.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_per_rank_metrics_are_logged(results):
+    with open(os.path.join(results[0]["log_dir"], "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    sizes = results[0]["probe_sizes"]
+    logged = [row for row in rows if row.get("hetero/batch_size_r0")]
+    assert len(logged) >= 3
+    for row in logged:
+        assert [float(row[f"hetero/batch_size_r{r}"]) for r in range(2)] == sizes
+        assert 0.0 < float(row["hetero/balance"]) <= 1.0
+        assert float(row["hetero/samples_per_s_r1"]) > 0 and float(row["hetero/step_s_r0"]) > 0
+
+
+def test_resume_restores_split_and_matches_uninterrupted_run(results):
+    assert results[0]["ckpt_ranks"] == 2
+    assert results[0]["resume_seen"] == [5, 5] and results[1]["resume_seen"] == [11, 11]
+    oracle = one_process_sgd(make_data(32), 16, 4, shuffle=True)
+    for r in results:
+        for got, want in zip(r["resume_weights"], oracle.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_eval_loaders_are_sharded(results):
+    assert [r["val_seen"] for r in results] == [5, 5]
