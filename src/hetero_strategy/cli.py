@@ -12,7 +12,7 @@ import sys
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["demo", "emulate"]
 
 
 def build_parser() -> argparse.ArgumentParser:
