@@ -20,6 +20,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["TIER_THRESHOLDS_GBIT", "classify_tier", "parse_rate"]
 
 # Lower bound (Gbit/s) of each tier, fastest first; anything below the last bound is eth1g.
@@ -31,7 +33,7 @@ _UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 
 def classify_tier(gbit_per_s: float, *, nvlink: bool = False) -> str:
     """The tier of a link that measured ``gbit_per_s`` (nvlink=True: NVLink seen by NVML)."""
-    if gbit_per_s != gbit_per_s or gbit_per_s < 0:  # NaN or negative: a broken measurement
+    if math.isnan(gbit_per_s) or gbit_per_s < 0:  # NaN or negative: a broken measurement
         raise ValueError(f"bandwidth={gbit_per_s!r} is invalid: give a measured rate >= 0 in Gbit/s")
     if nvlink:
         return "nvlink"

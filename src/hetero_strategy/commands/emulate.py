@@ -16,7 +16,7 @@ import sys
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
 
-__all__ = ["NAME", "HELP", "add_arguments", "run"]
+__all__ = ["HELP", "NAME", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

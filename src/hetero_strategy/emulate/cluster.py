@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from typing_extensions import Self
+
 from hetero_strategy.emulate import netns
 from hetero_strategy.emulate.launch import RankProcess, RunResult, supervise
 from hetero_strategy.emulate.spec import ClusterSpec
@@ -56,7 +58,7 @@ class EmulatedCluster:
         return "simulated" if self.spec.simulate else "namespaces"
 
     # ---- lifecycle ---------------------------------------------------------------------
-    def __enter__(self) -> EmulatedCluster:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -147,8 +149,8 @@ class EmulatedCluster:
              ) -> subprocess.CompletedProcess:
         """Run one command in rank's namespace (and, with ``quota``, its cgroup and core)."""
         try:
-            return subprocess.run(self._argv(rank, list(argv)), capture_output=True, text=True, timeout=timeout,
-                                  preexec_fn=self._preexec(rank) if quota else None)
+            return subprocess.run(self._argv(rank, list(argv)), check=False, capture_output=True, text=True,
+                                  timeout=timeout, preexec_fn=self._preexec(rank) if quota else None)
         except subprocess.TimeoutExpired as e:
             raise EmulatorError(f"`{' '.join(argv)}` on rank {rank} did not finish within {timeout:.0f} s") from e
 
@@ -219,7 +221,7 @@ def clean_stale() -> list[str]:
 def leftovers() -> list[str]:
     """Everything with the emulator's prefix that exists now (namespaces, interfaces, cgroups)."""
     found = [f"netns {n}" for n in netns.emulator_namespaces()]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    links = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True, text=True, timeout=10).stdout
     found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if netns.PREFIX in line]
     try:
         root, _ = cgroup_cpu_root()

@@ -56,7 +56,8 @@ class RunResult:
 
 def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True) -> RunResult:
     """Run every rank; the first non-zero exit or the timeout stops all of them (bounded waits)."""
-    logs = [tempfile.TemporaryFile(mode="w+b") for _ in ranks] if capture else []
+    # Files, not pipes: a chatty rank can never block on a full pipe while we poll.
+    logs = [tempfile.TemporaryFile(mode="w+b") for _ in ranks] if capture else []  # noqa: SIM115 - closed below
     procs: list[subprocess.Popen] = []
     throttles: list[DutyCycle] = []
     t0 = time.monotonic()
@@ -65,7 +66,8 @@ def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True
         for i, r in enumerate(ranks):
             out = logs[i] if capture else None
             procs.append(subprocess.Popen(r.argv, env=r.env, stdout=out, stderr=subprocess.STDOUT if capture else None,
-                                          start_new_session=True, preexec_fn=r.preexec))
+                                          # NOTE: preexec only writes a cgroup file and sets affinity (no locks).
+                                          start_new_session=True, preexec_fn=r.preexec))  # noqa: PLW1509
             throttles.append(DutyCycle(procs[-1].pid, r.throttle))
             throttles[-1].start()
         _watch(procs, t0 + timeout, result)

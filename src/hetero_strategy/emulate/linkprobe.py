@@ -13,7 +13,7 @@ import struct
 import sys
 import time
 
-__all__ = ["sink", "send"]
+__all__ = ["send", "sink"]
 
 _TIMEOUT_S = 60.0
 

@@ -18,8 +18,17 @@ from dataclasses import dataclass
 
 from hetero_strategy.emulate.system import kill_pids, sh
 
-__all__ = ["PREFIX", "RankNet", "build_network", "remove_namespace", "emulator_namespaces", "owner_pid",
-           "tbf_args", "RANK_IFNAME", "SINK_ADDR"]
+__all__ = [
+    "PREFIX",
+    "RANK_IFNAME",
+    "SINK_ADDR",
+    "RankNet",
+    "build_network",
+    "emulator_namespaces",
+    "owner_pid",
+    "remove_namespace",
+    "tbf_args",
+]
 
 PREFIX = "hsem-"
 RANK_IFNAME = "veth0"

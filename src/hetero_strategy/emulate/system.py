@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["EmulatorError", "sh", "is_root", "cgroup_cpu_root", "CpuCgroup", "kill_pids"]
+__all__ = ["CpuCgroup", "EmulatorError", "cgroup_cpu_root", "is_root", "kill_pids", "sh"]
 
 _CGROUP = Path("/sys/fs/cgroup")
 _PERIOD_US = 100_000
@@ -32,7 +32,7 @@ def sh(*args: str, timeout: float = 10.0, check: bool = True) -> subprocess.Comp
     if shutil.which(args[0]) is None:
         raise EmulatorError(f"{args[0]!r} not found: install iproute2 (ip, tc) to build an emulated cluster")
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(args, check=False, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise EmulatorError(f"`{' '.join(args)}` did not finish within {timeout:.0f} s") from e
     if check and out.returncode != 0:
@@ -60,7 +60,7 @@ class CpuCgroup:
         self.path = root / name
         self.factor = factor
         self.path.mkdir(exist_ok=True)
-        quota = max(1000, int(round(factor * _PERIOD_US)))
+        quota = max(1000, round(factor * _PERIOD_US))
         if self.version == 1:
             (self.path / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))

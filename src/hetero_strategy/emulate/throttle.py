@@ -12,6 +12,8 @@ import signal
 import threading
 import time
 
+from typing_extensions import Self
+
 __all__ = ["DutyCycle"]
 
 _PERIOD_S = 0.1
@@ -32,7 +34,7 @@ class DutyCycle:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"duty-cycle-{pgid}", daemon=True)
 
-    def __enter__(self) -> DutyCycle:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
