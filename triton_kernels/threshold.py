@@ -1,0 +1,174 @@
+"""Threshold for a target k without a sort: a radix select over the bits of |acc|.
+
+For finite and non-finite floats alike, the int32 bit pattern of ``|x|`` (``bits & 0x7FFFFFFF``)
+orders like ``|x|``, with +inf above every finite value and every NaN above +inf. That *key*
+is resolved most-significant digit first: pass 1 histograms bits 30..20 (2048 bins), pass 2
+bits 19..10 and pass 3 bits 9..0 (1024 bins each), each pass counting only the elements whose
+higher digits equal the prefix chosen so far. A one-program scan kernel after each pass picks
+the digit that holds the k-th largest key, entirely on the device (no host read, no sort).
+
+The result is a (2,) int32 device tensor ``state = [threshold_key, take_equal]``:
+
+* select every element with ``key > threshold_key``;
+* plus the first ``take_equal`` elements (in index order) with ``key == threshold_key``.
+
+That selects **exactly k** elements, ties broken by lower index. ``passes=3`` resolves all 31
+key bits (the exact top-k by magnitude); ``passes=2`` (or 1) compares keys truncated to their
+top 21 (11) bits, i.e. magnitudes within a relative 2^-13 (2^-3) of the k-th one count as ties
+and are taken in index order: one pass less to read, still exactly k selected. Keys are always
+compared after ``>> low_shift(passes)``; ``threshold_key`` holds the kept bits in place.
+Special cases: ``k <= 0`` gives ``[INT32_MAX, 0]`` (nothing selected), ``k >= n`` gives
+``[-1, 0]`` (everything selected).
+
+Example::
+
+    >>> import torch
+    >>> from hetero_strategy.triton_kernels.threshold import topk_threshold_torch
+    >>> acc = torch.tensor([0.5, -3.0, 2.0, 2.0])
+    >>> t, take = topk_threshold_torch(acc, 2).tolist()   # keys: |-3| > |2| == |2| > |0.5|
+    >>> t == torch.tensor(2.0).view(torch.int32).item(), take
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
+
+__all__ = ["INT32_MAX", "abs_key", "low_shift", "topk_threshold", "topk_threshold_torch"]
+
+INT32_MAX = 2**31 - 1
+# (shift, width) of the key digit resolved by each pass, most significant first.
+_DIGITS = ((20, 11), (10, 10), (0, 10))
+
+
+def low_shift(passes: int) -> int:
+    """Number of low key bits that ``passes`` radix passes leave unresolved (20, 10 or 0)."""
+    if passes not in (1, 2, 3):
+        raise ValueError(f"passes: {passes} not allowed; use 3 (exact), 2 or 1 (coarser ties)")
+    return _DIGITS[passes - 1][0]
+
+
+def abs_key(acc: torch.Tensor, passes: int = 3) -> torch.Tensor:
+    """(n,) int32 sort key of ``|acc|`` (NaN > inf > finite), truncated as ``passes`` resolves it."""
+    return (acc.view(torch.int32) & INT32_MAX) >> low_shift(passes)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _radix_hist_kernel(
+        # inputs
+        acc_ptr,
+        state_ptr,
+        # outputs
+        hist_ptr,
+        # constants
+        n,
+        SHIFT: tl.constexpr,
+        WIDTH: tl.constexpr,
+        NUM_BINS: tl.constexpr,
+        FIRST: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < n
+        x = tl.load(acc_ptr + offs, mask=valid, other=0.0)
+        key = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        digit = (key >> SHIFT) & (NUM_BINS - 1)
+        match = valid
+        if not FIRST:
+            # Only elements whose higher digits equal the prefix picked by earlier passes count.
+            prefix = tl.load(state_ptr)
+            match = valid & ((key >> (SHIFT + WIDTH)) == (prefix >> (SHIFT + WIDTH)))
+        h = tl.histogram(digit, NUM_BINS, mask=match)  # (NUM_BINS,) int32, block-local
+        bins = tl.arange(0, NUM_BINS)
+        # NOTE: flush only non-empty bins: gradients occupy few exponents, so this saves most atomics.
+        tl.atomic_add(hist_ptr + bins, h, mask=h > 0)
+
+    @triton.jit
+    def _radix_scan_kernel(
+        # inputs
+        hist_ptr,
+        # outputs (read too, after the first pass)
+        state_ptr,
+        # constants
+        k,
+        SHIFT: tl.constexpr,
+        NUM_BINS: tl.constexpr,
+        FIRST: tl.constexpr,
+    ):
+        bins = tl.arange(0, NUM_BINS)
+        h = tl.load(hist_ptr + bins)  # (NUM_BINS,) int32 counts of matching elements per digit
+        if FIRST:
+            prefix = 0
+            k_rem = k
+        else:
+            prefix = tl.load(state_ptr)
+            k_rem = tl.load(state_ptr + 1)
+        at_least = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # elements with digit >= bin
+        # The k_rem-th largest matching key lies in the highest bin with >= k_rem at or above it.
+        d = tl.max(tl.where(at_least >= k_rem, bins, -1), axis=0)
+        above = tl.sum(tl.where(bins > d, h, 0), axis=0)
+        tl.store(state_ptr, prefix | (d << SHIFT))
+        tl.store(state_ptr + 1, k_rem - above)
+
+else:  # pragma: no cover - only without Triton
+    _radix_hist_kernel = _radix_scan_kernel = None
+
+
+def _trivial_state(n: int, k: int, device: torch.device) -> torch.Tensor | None:
+    """State for k <= 0 or k >= n, built with fills only (no host-to-device copy, no sync)."""
+    if 0 < k < n:
+        return None
+    state = torch.full((2,), INT32_MAX if k <= 0 else -1, dtype=torch.int32, device=device)
+    state[1:].zero_()
+    return state
+
+
+def topk_threshold_torch(acc: torch.Tensor, k: int, *, passes: int = 3) -> torch.Tensor:
+    """Reference: (2,) int32 ``[threshold_key, take_equal]`` from ``torch.topk`` over the keys.
+
+    Args:
+        acc: (n,) fp32 accumulator.
+        k: target count (clamped to [0, n]).
+        passes: 3 = exact keys; 2/1 = keys truncated like the Triton path with that many passes.
+    """
+    check_flat("acc", acc, (torch.float32,))
+    shift = low_shift(passes)
+    n = acc.numel()
+    trivial = _trivial_state(n, k, acc.device)
+    if trivial is not None:
+        return trivial
+    keys = abs_key(acc, passes)  # (n,) int32
+    kth = torch.topk(keys, k, sorted=False).values.min()  # k-th largest key; topk of ints is exact
+    above = (keys > kth).sum()
+    return torch.stack([kth << shift, k - above]).to(torch.int32)
+
+
+def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4096) -> torch.Tensor:
+    """Triton launcher; returns the same (2,) int32 device tensor as :func:`topk_threshold_torch`.
+
+    Cost: ``passes`` reads of ``acc`` plus ``passes`` single-program scans; no host sync.
+    ``block`` (power of two) is the number of elements per histogram program.
+    """
+    check_flat("acc", acc, (torch.float32,))
+    low_shift(passes)  # validates passes
+    if block <= 0 or block & (block - 1):
+        raise ValueError(f"block: {block} is not a positive power of two; use e.g. 4096")
+    check_launchable(_radix_hist_kernel, acc)
+    n = acc.numel()
+    trivial = _trivial_state(n, k, acc.device)
+    if trivial is not None:
+        return trivial
+    state = torch.empty(2, dtype=torch.int32, device=acc.device)  # written by the first scan
+    hist = torch.zeros(passes, 2048, dtype=torch.int32, device=acc.device)  # one row per pass
+    grid = (triton.cdiv(n, block),)
+    for p, (shift, width) in enumerate(_DIGITS[:passes]):
+        first = p == 0
+        _radix_hist_kernel[grid](
+            acc, state, hist[p], n, SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first, BLOCK=block
+        )
+        _radix_scan_kernel[(1,)](hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
+    return state
