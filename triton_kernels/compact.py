@@ -94,7 +94,7 @@ if HAS_TRITON:
         take = gt | (eq & (eq_rank < take_eq))
         take_i = take.to(tl.int32)
         pos = gt_before + tl.minimum(eq_before, take_eq) + tl.cumsum(take_i, axis=0) - take_i
-        sent = take & (pos < capacity)
+        sent = take & (pos >= 0) & (pos < capacity)  # pos < 0 only for a malformed state
         tl.store(values_ptr + pos, x, mask=sent)
         tl.store(indices_ptr + pos, offs, mask=sent)
         tl.store(residual_ptr + offs, tl.where(sent, 0.0, x), mask=valid)
