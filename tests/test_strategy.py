@@ -26,6 +26,17 @@ class _WithVal(Regressor):
         self.val_seen += len(batch[0])
 
 
+class _SlowRank1(Regressor):
+    """Rank 1 computes 2 ms per sample slower: calibration should shift samples to rank 0."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1:
+            import time
+
+            time.sleep(0.002 * len(batch[0]))
+        return super().training_step(batch, batch_idx)
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -73,6 +84,16 @@ def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     out["resume_seen"] = resumed.seen
     out["resume_weights"] = [p.detach().clone() for p in resumed.net.parameters()]
     out["ckpt_ranks"] = len(torch.load(ckpt, weights_only=False)["hetero_strategy"]["ranks"])
+
+    # Online calibration from equal shares: the split moves, the samples and the result do not.
+    model = _SlowRank1()
+    strategy = HeteroStrategy(batch_sizes=[8, 8], calibrate=True, cold_start_steps=0, recalibrate_every=5,
+                              window=20)
+    trainer = L.Trainer(strategy=strategy, max_steps=40, **trainer_kwargs())
+    trainer.fit(model, loader(data, 8, shuffle=True))
+    out["calib_seen"] = model.seen
+    out["calib_decisions"] = strategy.balancer.calibrator.decisions
+    out["calib_weights"] = [p.detach().clone() for p in model.net.parameters()]
 
     # Evaluation loaders are sharded as under DDP (each rank half of the samples).
     model = _WithVal()
@@ -127,3 +148,19 @@ def test_resume_restores_split_and_matches_uninterrupted_run(results):
 
 def test_eval_loaders_are_sharded(results):
     assert [r["val_seen"] for r in results] == [5, 5]
+
+
+def test_online_calibration_moves_shares_and_keeps_semantics(results):
+    decisions = results[0]["calib_decisions"]
+    assert decisions == results[1]["calib_decisions"] and len(decisions) >= 2  # every rank agrees
+    prev = [8, 8]
+    for _, sizes in decisions:
+        assert sum(sizes) == 16 and sizes[0] > prev[0]  # toward the fast rank ...
+        assert all(abs(b - p) <= max(1, int(0.15 * p)) for b, p in zip(sizes, prev))  # ... at most 15%
+        prev = sizes
+    seen0, seen1 = results[0]["calib_seen"], results[1]["calib_seen"]
+    assert [a + b for a, b in zip(seen0, seen1)] == [16] * 40 and seen0[-1] == decisions[-1][1][0]
+    oracle = one_process_sgd(make_data(80), 16, 40, shuffle=True)
+    for r in results:
+        for got, want in zip(r["calib_weights"], oracle.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-5)

@@ -110,6 +110,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         # Steps yielded but not yet trained on, oldest first: loaders prefetch, and after a
         # mid-epoch resume Lightning's batch_idx no longer counts from the iterator's start.
         self._yielded: deque[tuple[int, int]] = deque()
+        self._next_unyielded = 0  # global step index of the next batch __iter__ will produce
         # Schedule of splits: batch sizes in force from a global step on (online calibration
         # appends to it; G stays constant so which samples a step consumes never changes).
         self._starts: list[int] = [0]
@@ -181,6 +182,10 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def next_unyielded_step(self) -> int:
+        """The first global step whose indices have not been handed out (safe for a new split)."""
+        return max(self._next_unyielded, self._starts[-1])
+
     def next_plan(self) -> StepPlan | None:
         """Plan of the oldest yielded batch not yet claimed (call once per trained batch)."""
         if not self._yielded:
@@ -195,6 +200,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         for t in range(self.steps_per_epoch()):
             sizes = self.plan(t).sizes
             self._yielded.append((self.epoch, t))
+            self._next_unyielded = self.epoch * self.steps_per_epoch() + t + 1
             start = t * g + sum(sizes[: self.rank])
             if sizes[self.rank] == 0:
                 yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)

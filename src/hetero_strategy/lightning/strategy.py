@@ -36,6 +36,8 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch
+from hetero_strategy.balance.calibrator import Calibrator
+from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.lightning.dataloaders import (
@@ -117,6 +119,8 @@ class HeteroStrategy(DDPStrategy):
         )
         self.hook_state: Any = None
         self.sampler: HeteroBatchSampler | None = None
+        self.balancer: OnlineBalancer | None = None
+        self._local_batch = 0
         self.timer = StepTimer()
         self._use_distributed_sampler = True
         self._pending_state: dict | None = None
@@ -159,8 +163,7 @@ class HeteroStrategy(DDPStrategy):
         # back to DDP's divide-by-world-size, which is wrong for unequal batches.
         assert isinstance(self.model, DistributedDataParallel)
         self.hook_state, hook = build_comm_hook(self.hetero_config, process_group=None, trainer=self._trainer())
-        if self._pending_state is not None and "hook" in self._pending_state:
-            self.hook_state.load_state_dict(self._pending_state["hook"])
+        self._restore_pending()
         self.model.register_comm_hook(self.hook_state, hook)
 
     def _trainer(self) -> Any:
@@ -186,8 +189,9 @@ class HeteroStrategy(DDPStrategy):
         sizes = self._plan_batch_sizes(dataloader, batch, global_batch)
         seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         loader, self.sampler = hetero_train_loader(dataloader, sizes, self.global_rank, seed)
-        if self._pending_state is not None and "sampler" in self._pending_state:
-            self.sampler.load_state_dict(self._pending_state["sampler"])
+        if self.hetero_config.calibration.calibrate:
+            self.balancer = OnlineBalancer(Calibrator(self.hetero_config.calibration, sizes), self.sampler)
+        self._restore_pending()
         rank_zero_info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
                        f"(shuffle={self.sampler.shuffle}, seed={seed})")
         return loader
@@ -225,7 +229,8 @@ class HeteroStrategy(DDPStrategy):
         super().on_train_batch_start(batch, batch_idx)
         if self.sampler is not None and self.hook_state is not None:
             plan = self.sampler.next_plan() or self.sampler.plan(batch_idx)
-            self.hook_state.set_local_batch(plan.sizes[self.global_rank], plan.global_batch)
+            self._local_batch = plan.sizes[self.global_rank]
+            self.hook_state.set_local_batch(self._local_batch, plan.global_batch)
         self.timer.batch_start()
 
     @override
@@ -243,11 +248,14 @@ class HeteroStrategy(DDPStrategy):
         return out
 
     def _after_step(self, trainer: Any) -> None:
-        """Log per-rank metrics at Lightning's logging cadence (one small all-gather then)."""
+        """Rebalance when due; log per-rank metrics at Lightning's cadence (one small all-gather each)."""
+        if self.balancer is not None:
+            new = self.balancer.step_end(trainer.global_step, self.timer.compute_time, self._local_batch)
+            if new is not None:
+                rank_zero_info(f"hetero: step {trainer.global_step}: batch sizes -> {new}")
         if (trainer.global_step % max(trainer.log_every_n_steps, 1)) != 0 or trainer.logger is None:
             return
-        local = self.sampler.sizes_at(trainer.current_epoch * len(self.sampler))[self.global_rank]
-        metrics = self.timer.gather_metrics(local)
+        metrics = self.timer.gather_metrics(self._local_batch)
         self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
 
     # ---- checkpoints ---------------------------------------------------------------------
@@ -258,7 +266,16 @@ class HeteroStrategy(DDPStrategy):
             state["sampler"] = self.sampler.state_dict()
         if self.hook_state is not None:
             state["hook"] = self.hook_state.state_dict()
+        if self.balancer is not None:
+            state["balancer"] = self.balancer.state_dict()
         return state
+
+    def _restore_pending(self) -> None:
+        """Apply the state load_checkpoint stashed, to whichever parts exist by now."""
+        pending = self._pending_state or {}
+        for key, part in (("sampler", self.sampler), ("hook", self.hook_state), ("balancer", self.balancer)):
+            if part is not None and key in pending:
+                part.load_state_dict(pending.pop(key))
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
@@ -283,11 +300,8 @@ class HeteroStrategy(DDPStrategy):
                 rank_zero_warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
                                f"{self.world_size}; batch plan and residuals start fresh")
             else:
-                self._pending_state = ranks[self.global_rank]
-                if self.hook_state is not None and "hook" in self._pending_state:
-                    self.hook_state.load_state_dict(self._pending_state["hook"])
-                if self.sampler is not None and "sampler" in self._pending_state:
-                    self.sampler.load_state_dict(self._pending_state["sampler"])
+                self._pending_state = dict(ranks[self.global_rank])
+                self._restore_pending()
         return checkpoint
 
 

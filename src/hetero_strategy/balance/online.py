@@ -1,0 +1,62 @@
+"""Online rebalancing: all-gather per-rank compute times at decision steps, apply the decision.
+
+Timings are kept locally and exchanged only when a decision is due (one all-gather every
+``recalibrate_every`` steps), so no collective is added to ordinary steps. Every rank feeds the
+same gathered rows to its own :class:`Calibrator` and so schedules the same new split.
+"""
+
+from __future__ import annotations
+
+from hetero_strategy.balance.calibrator import Calibrator
+from hetero_strategy.balance.probe import all_gather_floats
+from hetero_strategy.balance.sampler import HeteroBatchSampler
+
+__all__ = ["OnlineBalancer"]
+
+
+class OnlineBalancer:
+    """Glue between a step loop, a :class:`Calibrator` and a :class:`HeteroBatchSampler`.
+
+    Example::
+
+        balancer = OnlineBalancer(Calibrator(cfg, sampler.batch_sizes), sampler)
+        for step, batch in enumerate(loader):
+            ...  # forward, backward (timed until the last bucket reaches the hook), optimizer step
+            balancer.step_end(step, compute_s, len(batch))
+    """
+
+    def __init__(self, calibrator: Calibrator, sampler: HeteroBatchSampler) -> None:
+        self.calibrator = calibrator
+        self.sampler = sampler
+        self._pending: list[tuple[int, float, int]] = []  # (step, compute_s, local batch)
+
+    def decision_due(self, step: int) -> bool:
+        cfg = self.calibrator.config
+        return step >= cfg.cold_start_steps and (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every == 0
+
+    def step_end(self, step: int, compute_s: float, local_batch: int) -> list[int] | None:
+        """Record this rank's step; at a decision step, gather all ranks' rows and decide.
+
+        Returns the new sizes (scheduled from the first step the sampler has not yielded yet) or None.
+        """
+        if step >= self.calibrator.config.cold_start_steps:
+            self._pending.append((step, compute_s, local_batch))
+        if not self.decision_due(step):
+            return None
+        mine = [x for _, t, b in self._pending for x in (t, float(b))]
+        rows = all_gather_floats(mine)  # every rank: [t0, b0, t1, b1, ...] for the same steps
+        decision = None
+        for i, (s, _, _) in enumerate(self._pending):
+            times = [row[2 * i] for row in rows]
+            batches = [int(row[2 * i + 1]) for row in rows]
+            decision = self.calibrator.observe(s, times, batches) or decision
+        self._pending.clear()
+        if decision is not None:
+            self.sampler.set_batch_sizes(decision, from_step=self.sampler.next_unyielded_step())
+        return decision
+
+    def state_dict(self) -> dict:
+        return {"calibrator": self.calibrator.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calibrator.load_state_dict(state["calibrator"])
