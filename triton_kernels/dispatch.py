@@ -30,7 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from functools import lru_cache
 
@@ -66,8 +65,6 @@ def get_backend() -> str:
 @lru_cache(maxsize=1)
 def triton_available() -> bool:
     """True when Triton imports (checked once, lazily)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
     try:
         import triton  # noqa: F401
     except Exception:  # noqa: BLE001 - NOTE: a broken Triton install must not break the torch path
