@@ -12,7 +12,7 @@ import sys
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS: list[str] = ["demo", "emulate"]
+COMMANDS: list[str] = ["demo", "emulate", "profile"]
 
 
 def build_parser() -> argparse.ArgumentParser:

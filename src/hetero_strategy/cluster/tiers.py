@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["TIER_THRESHOLDS_GBIT", "classify_tier", "parse_rate"]
+__all__ = ["TIER_THRESHOLDS_GBIT", "classify_tier", "parse_rate", "parse_size"]
 
 # Lower bound (Gbit/s) of each tier, fastest first; anything below the last bound is eth1g.
 TIER_THRESHOLDS_GBIT: tuple[tuple[str, float], ...] = (("nvlink", 200.0), ("ib", 100.0), ("eth10g", 5.0))
@@ -61,3 +61,28 @@ def parse_rate(text: str) -> float:
                 return value
             break
     raise ValueError(f"link={text!r} is invalid: write a positive rate like 10gbit, 100mbit or 800kbit")
+
+
+_SIZES = {"b": 1, "kb": 1 << 10, "k": 1 << 10, "mb": 1 << 20, "m": 1 << 20, "gb": 1 << 30, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """A byte count: "4096", "64KB", "4MB", "1GB" (binary units, like nccl-tests' -b/-e).
+
+    >>> parse_size("4MB")
+    4194304
+    """
+    s = str(text).strip().lower()
+    for unit in sorted(_SIZES, key=len, reverse=True):
+        if s.endswith(unit) and s[: -len(unit)].strip():
+            s, mult = s[: -len(unit)], _SIZES[unit]
+            break
+    else:
+        mult = 1
+    try:
+        value = int(float(s) * mult)
+    except ValueError:
+        value = 0
+    if value < 4:
+        raise ValueError(f"bytes={text!r} is invalid: give a size of at least 4 bytes, e.g. 4096, 64KB or 4MB")
+    return value

@@ -1,0 +1,135 @@
+"""Online calibration of per-rank batch sizes toward equal finishing times (DESIGN.md semantics 5).
+
+Every rank feeds the *same* all-gathered timings into its own :class:`Calibrator`, which is a pure
+function of them, so every rank reaches the same decision without another collective.
+
+Algorithm, at each decision step (after ``cold_start_steps``, then every ``recalibrate_every``):
+
+1. Keep the recent steps (at most ``window``) that ran with the current sizes; each gives every
+   rank's compute time (waiting for peers excluded) for its batch b_r.
+2. Speed s_r = b_r / median(compute time of r): the median shrugs off one-off stalls (GC, I/O).
+3. Target: sizes proportional to speed (equal finishing times), summing to G, each >= 1.
+4. Move from the current sizes toward the target by the largest fraction lam <= 1 that keeps every
+   rank within +-max_change of its current size (at least one sample). Sizes and target both sum
+   to G, so every point on the way does too.
+5. Round with :func:`split_batch` (largest remainder; each b_r >= 1, capped at the upper bound).
+
+Example::
+
+    cal = Calibrator(CalibrationConfig(calibrate=True, recalibrate_every=20, window=20), [128, 128])
+    for step in range(200):
+        times = [b / s for b, s in zip(cal.sizes, [1.0, 0.57])]   # rank 1 is 1.75x slower
+        new = cal.observe(step, times, cal.sizes)
+        if new is not None:
+            sampler.set_batch_sizes(new, from_step=step + 1)
+    cal.sizes  # -> about [163, 93]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from hetero_strategy.balance.shares import split_batch
+from hetero_strategy.config import CalibrationConfig
+
+__all__ = ["Calibrator"]
+
+# Decisions whose predicted finishing times already agree within this spread change nothing: a
+# +-1 sample jitter from timing noise would only churn the plan.
+_DEADBAND = 0.02
+# Fewest steps with the current sizes that a decision needs (the window may be longer).
+_MIN_ROWS = 5
+
+
+class Calibrator:
+    """Decides new per-rank batch sizes from all-gathered per-rank compute times.
+
+    Args:
+        config: the :class:`CalibrationConfig` (cold start, period, window, max_change).
+        initial_sizes: the static plan's sizes; their sum G never changes.
+    """
+
+    def __init__(self, config: CalibrationConfig, initial_sizes: Sequence[int]) -> None:
+        sizes = [int(b) for b in initial_sizes]
+        if not sizes or any(b < 1 for b in sizes):
+            raise ValueError(f"initial_sizes={list(initial_sizes)!r} is invalid: give one size >= 1 per rank")
+        self.config = config
+        self.sizes: list[int] = sizes
+        self.global_batch = sum(sizes)
+        self.rows: deque[tuple[tuple[float, ...], tuple[int, ...]]] = deque(maxlen=config.window)
+        self.decisions: list[tuple[int, list[int]]] = []  # (step, new sizes), for logs and tests
+
+    def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int]
+                ) -> list[int] | None:
+        """Record step ``step``'s timings; returns the new sizes when a decision changes them.
+
+        ``per_rank_batch`` are the sizes this step really ran with (the strategy applies a decision
+        from a later step, so rows from before it took effect are recognised and skipped).
+        """
+        n = len(self.sizes)
+        if len(per_rank_compute_s) != n or len(per_rank_batch) != n:
+            raise ValueError(f"per_rank_compute_s={list(per_rank_compute_s)!r} is invalid: expected {n} entries "
+                             "(one per rank, all-gathered)")
+        cfg = self.config
+        if step < cfg.cold_start_steps:
+            return None  # warm-up steps (allocator, caches, autotuning) would mislead the estimate
+        times = tuple(float(t) for t in per_rank_compute_s)
+        batch = tuple(int(b) for b in per_rank_batch)
+        if all(math.isfinite(t) and t > 0 for t in times) and sum(batch) == self.global_batch:
+            self.rows.append((times, batch))
+        if (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every != 0:
+            return None
+        new = self._decide()
+        if new is None or new == self.sizes:
+            return None
+        self.sizes = new
+        self.decisions.append((step, list(new)))
+        return list(new)
+
+    def _decide(self) -> list[int] | None:
+        current = tuple(self.sizes)
+        rows = [t for t, b in self.rows if b == current]
+        if len(rows) < _MIN_ROWS:
+            return None
+        n = len(current)
+        median = [statistics.median(r[k] for r in rows) for k in range(n)]
+        speed = [current[k] / median[k] for k in range(n)]
+        if (max(median) - min(median)) / max(median) <= _DEADBAND:
+            return None
+        # Target in whole samples with every rank >= 1 (a continuous target below 1 would pin a
+        # rank at its floor and block every move).
+        target = split_batch(self.global_batch, speed)
+        lo, hi = self._bounds()
+        lam = 1.0
+        for k in range(n):
+            delta = target[k] - current[k]
+            room = hi[k] - current[k] if delta > 0 else current[k] - lo[k]
+            if abs(delta) > 1e-12:
+                lam = min(lam, max(room, 0) / abs(delta))
+        moved = [current[k] + lam * (target[k] - current[k]) for k in range(n)]
+        return split_batch(self.global_batch, moved, max_per_rank=hi)
+
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        """Integer bounds of one move: within +-max_change, but always at least one sample of room."""
+        m = self.config.max_change
+        lo = [max(1, min(math.ceil(b * (1 - m) - 1e-9), b - 1)) for b in self.sizes]
+        hi = [max(math.floor(b * (1 + m) + 1e-9), b + 1) for b in self.sizes]
+        return lo, hi
+
+    # ---- checkpointing -----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "rows": [[list(t), list(b)] for t, b in self.rows],
+                "decisions": [[s, list(d)] for s, d in self.decisions]}
+
+    def load_state_dict(self, state: dict) -> None:
+        sizes = [int(b) for b in state["sizes"]]
+        if sum(sizes) != self.global_batch or len(sizes) != len(self.sizes):
+            raise ValueError(f"sizes={sizes!r} in the calibrator state do not match this job "
+                             f"({len(self.sizes)} ranks, global batch {self.global_batch})")
+        self.sizes = sizes
+        self.rows.clear()
+        self.rows.extend((tuple(float(x) for x in t), tuple(int(x) for x in b)) for t, b in state["rows"])
+        self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]

@@ -1,0 +1,54 @@
+"""``hetero-strategy profile``: measure every rank's compute and links; write a cluster-profile JSON.
+
+Example::
+
+    hetero-strategy profile --json cluster.json                        # single process
+    torchrun --nproc-per-node 4 -m hetero_strategy.cli profile --json cluster.json
+    hetero-strategy emulate --compute 1.0,0.57 --link 10gbit,100mbit -- \\
+        hetero-strategy profile --max-bytes 4MB --json cluster.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "profile"
+HELP = "Measure per-rank matmul/memory throughput and all-reduce/p2p bandwidth; write a cluster profile."
+
+__all__ = ["HELP", "NAME", "add_arguments", "run"]
+
+
+def _bytes(text: str) -> int:
+    from hetero_strategy.cluster.tiers import parse_size
+
+    return parse_size(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default=None, help="write the cluster profile here (rank 0)")
+    parser.add_argument("--max-bytes", type=_bytes, default=256 << 20,
+                        help="largest all-reduce of the sweep (1 KB .. this; default 256MB); e.g. 4MB on CPU")
+    parser.add_argument("--p2p-bytes", type=_bytes, default=4 << 20, help="bytes per point-to-point transfer")
+    parser.add_argument("--matmul-n", type=int, default=1024, help="matrix size of the matmul probe")
+    parser.add_argument("--budget", type=float, default=0.3, help="seconds per timed probe")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from hetero_strategy.cluster.profile import run_profile, save_profile
+    from hetero_strategy.cluster.report import profile_tables
+
+    profile = run_profile(max_bytes=args.max_bytes, p2p_bytes=args.p2p_bytes, matmul_n=args.matmul_n,
+                          budget_s=args.budget)
+    if os.environ.get("RANK", "0") != "0":  # rank 0 reports; the others only took part in the probes
+        return 0
+    console = Console()
+    for table in profile_tables(profile):
+        console.print(table)
+    if args.json:
+        save_profile(profile, args.json)
+        console.print(f"profile: wrote {args.json}")
+    return 0

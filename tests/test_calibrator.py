@@ -1,0 +1,152 @@
+"""Online calibrator (DESIGN.md semantics 5) against hand-built cases and injected timings."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from dist_utils import init_gloo, run_distributed
+
+from hetero_strategy.balance.calibrator import Calibrator
+from hetero_strategy.config import CalibrationConfig
+
+
+def _cfg(**kw) -> CalibrationConfig:
+    base = {"calibrate": True, "cold_start_steps": 10, "recalibrate_every": 20, "window": 20, "max_change": 0.15}
+    base.update(kw)
+    return CalibrationConfig(**base)
+
+
+def _timings(sizes, speeds, rng, noise):
+    """The oracle of a rank's compute time: b_r / speed_r, with multiplicative seeded noise."""
+    return [b / s * (1.0 + noise * rng.gauss(0.0, 1.0)) for b, s in zip(sizes, speeds)]
+
+
+def _drive(cal, speeds, steps, seed=0, noise=0.03):
+    rng = random.Random(seed)
+    history = [list(cal.sizes)]
+    for step in range(steps):
+        new = cal.observe(step, _timings(cal.sizes, speeds, rng, noise), cal.sizes)
+        if new is not None:
+            history.append(new)
+    return history
+
+
+def test_hand_built_move_is_clamped_to_max_change():
+    # speeds 100 and 50 samples/s -> target [133.3, 66.7]; +-15% of 100 caps the move at [115, 85].
+    cal = Calibrator(_cfg(cold_start_steps=0, recalibrate_every=5), [100, 100])
+    decisions = [cal.observe(s, [1.0, 2.0], [100, 100]) for s in range(5)]
+    assert decisions[:4] == [None] * 4
+    assert decisions[4] == [115, 85]
+
+
+@pytest.mark.parametrize("speeds", [[1.0, 0.57], [1.0, 0.57, 0.8], [0.3, 1.0, 1.0, 0.5]])
+def test_converges_from_equal_shares_to_speed_ratio(speeds):
+    n = len(speeds)
+    cal = Calibrator(_cfg(), [128] * n)
+    history = _drive(cal, speeds, steps=400, seed=n)
+    final = history[-1]
+    assert sum(final) == 128 * n
+    for k in range(1, n):
+        ratio = final[0] / final[k]
+        assert ratio == pytest.approx(speeds[0] / speeds[k], rel=0.05), (final, speeds)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_move_exceeds_max_change_and_sum_is_constant(seed):
+    rng = random.Random(seed)
+    speeds = [rng.uniform(0.05, 1.0) for _ in range(4)]
+    cal = Calibrator(_cfg(max_change=0.15), [64] * 4)
+    history = _drive(cal, speeds, steps=300, seed=seed, noise=0.1)
+    assert len(history) > 2
+    for old, new in itertools.pairwise(history):
+        assert sum(new) == 256
+        for b0, b1 in zip(old, new):
+            assert abs(b1 - b0) <= 0.15 * b0 + 1e-9, (old, new)
+
+
+def test_tiny_batches_keep_one_sample_per_rank():
+    cal = Calibrator(_cfg(), [2, 2, 2, 2])
+    history = _drive(cal, [1.0, 0.01, 0.01, 0.01], steps=300)
+    for sizes in history:
+        assert sum(sizes) == 8 and min(sizes) >= 1
+    assert history[-1] == [5, 1, 1, 1]
+
+
+def test_cold_start_and_period():
+    cal = Calibrator(_cfg(cold_start_steps=10, recalibrate_every=20), [128, 128])
+    rng = random.Random(0)
+    steps = []
+    for step in range(120):
+        if cal.observe(step, _timings(cal.sizes, [1.0, 0.5], rng, 0.0), cal.sizes) is not None:
+            steps.append(step)
+    # cold start steps 0..9 are ignored; decisions fall on steps 29, 49, 69, ...
+    assert steps and all((s - 10 + 1) % 20 == 0 for s in steps)
+    assert steps[0] == 29
+
+
+def test_rows_from_an_old_plan_are_not_used():
+    # The strategy applies a decision from a later step; rows still run with the old sizes must
+    # not count, and too few rows with the new sizes defer the decision.
+    cal = Calibrator(_cfg(cold_start_steps=0, recalibrate_every=5), [100, 100])
+    for s in range(5):
+        cal.observe(s, [1.0, 2.0], [100, 100])
+    assert cal.sizes == [115, 85]
+    for s in range(5, 10):  # the new plan never took effect
+        assert cal.observe(s, [1.0, 2.0], [100, 100]) is None
+
+
+def test_independent_instances_agree_and_state_dict_resumes():
+    speeds = [1.0, 0.6, 0.85]
+    rng = random.Random(7)
+    feed = []
+    sizes = [100, 100, 100]
+    ref = Calibrator(_cfg(), sizes)
+    for step in range(200):
+        times = _timings(ref.sizes, speeds, rng, 0.05)
+        feed.append((step, times, list(ref.sizes)))
+        ref.observe(step, times, ref.sizes)
+    others = [Calibrator(_cfg(), sizes) for _ in range(3)]
+    for step, times, batch in feed:
+        outs = {tuple(c.observe(step, times, batch) or ()) for c in others}
+        assert len(outs) == 1
+    assert all(c.decisions == ref.decisions for c in others)
+    # Resume from the middle: same decisions afterwards.
+    a = Calibrator(_cfg(), sizes)
+    for step, times, batch in feed[:95]:
+        a.observe(step, times, batch)
+    b = Calibrator(_cfg(), sizes)
+    b.load_state_dict(a.state_dict())
+    for step, times, batch in feed[95:]:
+        assert a.observe(step, times, batch) == b.observe(step, times, batch)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="initial_sizes"):
+        Calibrator(_cfg(), [4, 0])
+    cal = Calibrator(_cfg(), [4, 4])
+    with pytest.raises(ValueError, match="per_rank_compute_s"):
+        cal.observe(20, [1.0], [4, 4])
+
+
+def _gloo_calibrate(rank: int, world_size: int, speeds: list[float], steps: int) -> list:
+    from hetero_strategy.balance.probe import all_gather_floats
+
+    init_gloo(rank, world_size)
+    rng = random.Random(1000 + rank)  # every rank has its own noise: only the all-gather aligns them
+    cal = Calibrator(_cfg(), [64] * world_size)
+    for step in range(steps):
+        mine = cal.sizes[rank] / speeds[rank] * (1.0 + 0.05 * rng.gauss(0.0, 1.0))
+        gathered = [row[0] for row in all_gather_floats([mine])]
+        cal.observe(step, gathered, cal.sizes)
+    return cal.decisions
+
+
+def test_ranks_agree_through_real_all_gather():
+    speeds = [1.0, 0.57]
+    per_rank = run_distributed(_gloo_calibrate, 2, speeds, 130, timeout=120)
+    assert per_rank[0] == per_rank[1]
+    assert len(per_rank[0]) >= 2
+    final = per_rank[0][-1][1]
+    assert final[0] / final[1] == pytest.approx(1 / 0.57, rel=0.05)
