@@ -72,16 +72,25 @@ class TopKCodec:
         return 2 * capacity  # fp32 values then int32 indices bit-cast to fp32
 
     @staticmethod
-    def compress(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-        """Payload (2*capacity,) fp32 and the new residual (acc with the sent entries zeroed)."""
+    def select(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
+        """(values (capacity,) fp32, indices (capacity,) int32, residual = acc with the k sent entries zeroed)."""
         assert acc.dtype == torch.float32 and acc.dim() == 1, "acc must be a flat fp32 tensor"
         assert 0 <= k <= min(capacity, acc.numel()), f"need 0 <= k={k} <= capacity={capacity}, numel"
         if _use_dispatch(backend, "topk_select"):
             values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity)
-        else:
-            values, indices, residual = _topk_select_torch(acc, k, capacity)
-        payload = torch.cat([values, indices.view(torch.float32)])  # (2*capacity,)
-        return payload, residual
+            return values, indices, residual
+        return _topk_select_torch(acc, k, capacity)
+
+    @staticmethod
+    def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """One fp32 payload (2*capacity,): values, then the int32 indices bit-cast (no arithmetic on them)."""
+        return torch.cat([values, indices.view(torch.float32)])
+
+    @classmethod
+    def compress(cls, acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
+        """Payload (2*capacity,) fp32 and the new residual (acc with the sent entries zeroed)."""
+        values, indices, residual = cls.select(acc, k, capacity, backend)
+        return cls.pack(values, indices), residual
 
     @staticmethod
     def decompress(gathered: torch.Tensor, numel: int) -> torch.Tensor:
@@ -99,37 +108,44 @@ class TopKCodec:
 
 
 class SignCodec:
-    """1-bit sign compression with a per-rank scale (mean |acc|), as in signSGD with error feedback."""
+    """1-bit sign compression with one scale (mean |acc|) per segment (parameter), signSGD-style.
+
+    Scales per parameter, not per bucket, so the result does not depend on DDP's bucket layout.
+    """
 
     _BITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
     @staticmethod
-    def payload_numel(numel: int) -> int:
-        return (numel + 7) // 8 + 4  # packed sign bytes + one fp32 scale as 4 bytes
+    def payload_numel(numel: int, segments: int = 1) -> int:
+        return (numel + 7) // 8 + 4 * segments  # packed sign bytes + fp32 scales as bytes
 
     @classmethod
-    def compress(cls, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Payload (uint8: ceil(n/8) sign bytes + 4 scale bytes) and residual = acc - scale*sign."""
+    def compress(cls, acc: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Payload (uint8: ceil(n/8) sign bytes + 4 bytes per segment) and residual = acc - scale*sign."""
         n = acc.numel()
-        scale = acc.abs().mean().reshape(1)  # (1,) fp32; NaN if acc holds one
+        sizes_t = torch.tensor(sizes, device=acc.device)
+        scales = torch.stack([seg.abs().mean() for seg in acc.split(sizes)])  # (S,) fp32; NaN if one is
         positive = acc >= 0  # (n,) bool
         signs = positive.to(torch.float32).mul_(2.0).sub_(1.0)  # (n,) in {-1, +1}
-        residual = acc - scale * signs
+        residual = acc - torch.repeat_interleave(scales, sizes_t) * signs
         padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=acc.device)
         padded[:n] = positive.to(torch.uint8)
         weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=acc.device)
         packed = (padded.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)  # (ceil(n/8),)
-        return torch.cat([packed, scale.view(torch.uint8)]), residual
+        return torch.cat([packed, scales.view(torch.uint8)]), residual
 
     @classmethod
-    def decompress(cls, gathered: torch.Tensor, numel: int) -> torch.Tensor:
+    def decompress(cls, gathered: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """Sum over ranks of scale_r * sign_r: gathered (R, payload) uint8 -> (numel,) fp32."""
+        numel, nseg = sum(sizes), len(sizes)
+        sizes_t = torch.tensor(sizes, device=gathered.device)
         weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=gathered.device)
         out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
         for row in gathered:
-            scale = row[-4:].contiguous().view(torch.float32)  # (1,)
-            bits = (row[:-4].unsqueeze(1) & weights).ne(0).reshape(-1)[:numel]  # (numel,) bool
-            out.add_(bits.to(torch.float32).mul_(2.0).sub_(1.0).mul_(scale))
+            scales = row[-4 * nseg:].contiguous().view(torch.float32)  # (S,)
+            bits = (row[:-4 * nseg].unsqueeze(1) & weights).ne(0).reshape(-1)[:numel]  # (numel,) bool
+            signs = bits.to(torch.float32).mul_(2.0).sub_(1.0)
+            out.add_(signs.mul_(torch.repeat_interleave(scales, sizes_t)))
         return out
 
 

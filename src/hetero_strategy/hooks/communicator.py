@@ -21,6 +21,9 @@ import torch.distributed as dist
 
 __all__ = ["all_gather", "all_reduce", "completed", "world_size"]
 
+# NOTE: torch 2.14 renamed all_gather_into_tensor (now deprecated) to all_gather_single
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def world_size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
@@ -41,9 +44,9 @@ def all_gather(payload: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[
     w = world_size(group)
     if w == 1:
         return completed(payload), payload.unsqueeze(0), 0
-    out = torch.empty((w, payload.numel()), dtype=payload.dtype, device=payload.device)
-    fut = dist.all_gather_into_tensor(out, payload, group=group, async_op=True).get_future()
-    return fut, out, (w - 1) * payload.numel() * payload.element_size()
+    flat = torch.empty(w * payload.numel(), dtype=payload.dtype, device=payload.device)  # gloo wants 1-D
+    fut = _gather_single(flat, payload, group=group, async_op=True).get_future()
+    return fut, flat.view(w, payload.numel()), (w - 1) * payload.numel() * payload.element_size()
 
 
 def completed(value: torch.Tensor) -> torch.futures.Future:

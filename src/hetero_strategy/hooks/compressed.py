@@ -52,7 +52,7 @@ class CompressedState(WeightedReduceState):
     links; a dense sync every 100 steps bounds drift; use clip_norm when the loss spikes early.
     """
 
-    __slots__ = [
+    __slots__ = [  # noqa: RUF023 - grouped by role, as PyTorch's hook states are
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world",
         # internal state
@@ -104,24 +104,34 @@ class CompressedState(WeightedReduceState):
         self._modes: dict[int, str] = {}
 
     # ---- per-step decisions (identical on every rank) --------------------------------------
-    def plan(self, step: int, numel: int) -> "tuple[str, list[int]]":
-        """(mode, per-rank k) of a bucket of ``numel`` entries at ``step``."""
-        cfg = self.config
+    def mode(self, step: int) -> str:
+        """warmup, dense (periodic full-precision sync) or compressed, from the step alone."""
         if self.schedule.in_warmup(step):
-            return "warmup", [numel] * self.world
-        every = cfg.dense_sync_every
+            return "warmup"
+        every = self.config.dense_sync_every
         if every and step > self.schedule.warmup_steps and step % every == 0:
-            return "dense", [numel] * self.world
-        if cfg.method == "onebit":
-            # signs cost n/8 bytes per rank to gather vs ~8n/W for a ring all-reduce of fp32
-            cheaper = SignCodec.payload_numel(numel) < 8 * numel / self.world
-            return ("onebit" if cheaper else "dense"), [numel] * self.world
-        ks = []
-        for p in self.policies:
-            skip = (step - self.schedule.warmup_steps) % p.exchange_every != 0
-            ks.append(0 if skip else self.schedule.k(numel, step, p.tier_factor))
-        # the gather of values + indices moves 2*cap*W*4 bytes vs 2*n*4 for a ring all-reduce
-        return ("sparse" if max(ks) * self.world < numel else "dense"), ks
+            return "dense"
+        return "compressed"
+
+    def plan(self, step: int, sizes: "list[int]") -> "tuple[list[bool], list[int], list[int]]":
+        """Per parameter of a bucket: (sparse?, this rank's k, capacity = max k over ranks).
+
+        Decided per parameter (not per bucket) so that results do not depend on DDP's bucket
+        layout, which changes after step 1 and differs again after a resume. A parameter goes
+        dense when its gathered values+indices would outweigh a ring all-reduce: cap x W >= n.
+        """
+        sparse, mine, caps = [], [], []
+        for n in sizes:
+            ks = []
+            for p in self.policies:
+                # a dense tier has no residual to keep a skipped gradient in, so it never skips
+                skip = p.tier_factor is not None and (step - self.schedule.warmup_steps) % p.exchange_every != 0
+                ks.append(0 if skip else self.schedule.k(n, step, p.tier_factor))
+            cap = max(ks)
+            sparse.append(cap * self.world < n)
+            mine.append(ks[self.rank])
+            caps.append(cap if sparse[-1] else n)
+        return sparse, mine, caps
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -138,16 +148,20 @@ class CompressedState(WeightedReduceState):
         self.total_bytes_received = int(state.get("total_bytes_received", 0))
 
     # ---- helpers used by the hooks -------------------------------------------------------------
-    def _scale(self, buf: torch.Tensor, clip: bool) -> None:
-        """buf *= b_r/G, after clipping this rank's gradient to its share of clip_norm."""
+    def _scale(self, bucket: dist.GradBucket, clip: bool) -> None:
+        """buffer *= b_r/G, after clipping this rank's gradient to its share of clip_norm."""
+        buf = bucket.buffer()
         if not clip or self.config.clip_norm is None:
             buf.mul_(self.weight)
             return
-        # each bucket gets clip_norm * sqrt(n_b / N): the whole gradient's norm is then <= clip_norm
+        # parameter p gets clip_norm * sqrt(n_p / N), so the whole gradient's norm is <= clip_norm;
+        # per parameter rather than per bucket, so the bucket layout does not matter
         total = self.total_numel or buf.numel()
-        limit = self.config.clip_norm * math.sqrt(buf.numel() / total)
-        norm = torch.linalg.vector_norm(buf, dtype=torch.float32)
-        buf.mul_(torch.clamp(limit / (norm + 1e-6), max=1.0) * self.weight)
+        grads = bucket.gradients()
+        norms = torch._foreach_norm(grads)  # per-parameter L2 norms, 0-d tensors
+        for g, norm in zip(grads, norms):
+            limit = self.config.clip_norm * math.sqrt(g.numel() / total)
+            g.mul_(torch.clamp(limit / (norm + 1e-6), max=1.0) * self.weight)
 
     def _account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int) -> None:
         n = bucket.buffer().numel()
@@ -170,42 +184,29 @@ class CompressedState(WeightedReduceState):
 
 
 def _nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
-    """0-d fp32: NaN if acc holds a NaN/inf, else 0 (stays on device: no host sync)."""
+    """(1,) fp32: NaN if acc holds a NaN/inf, else 0 (stays on device: no host sync)."""
     bad = ~torch.isfinite(acc).all()
-    return torch.where(bad, torch.full((), float("nan"), device=acc.device), torch.zeros((), device=acc.device))
+    return torch.where(bad, torch.full((1,), float("nan"), device=acc.device), torch.zeros(1, device=acc.device))
 
 
-def _dense(state: CompressedState, bucket: dist.GradBucket, mode: str, send_nothing: bool):
-    """Dense all-reduce; outside warm-up it adds gamma*residual and flushes the residual."""
+def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
+    """Dense weighted all-reduce in place, no residuals: warm-up steps and dense tiers."""
+    state._scale(bucket, clip=mode != "warmup")
     buf = bucket.buffer()
-    policy = state.policies[state.rank]
-    has_ef = mode != "warmup" and policy.tier_factor is not None
-    state._scale(buf, clip=mode != "warmup")
-    if not has_ef and not send_nothing:
-        fut, sent = comm.all_reduce(buf, state.process_group)
-        state._account(bucket, mode, sent, buf.numel())
-        return fut.then(lambda f: f.value()[0] if isinstance(f.value(), list) else f.value())
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), bucket.gradients())
-    acc = ef_accumulate(buf, residual if has_ef else None, policy.gamma, state.config.compression_backend)
-    marker = _nonfinite_marker(acc)
-    if send_nothing:
-        send, kept = torch.zeros_like(acc).add_(marker), acc
-    else:
-        send, kept = acc, torch.zeros_like(acc)
-    if has_ef:
-        residual.copy_(torch.where(torch.isnan(marker), residual, kept))
-    fut, sent = comm.all_reduce(send, state.process_group)
-    state._account(bucket, mode, sent, 0 if send_nothing else buf.numel())
-    return fut.then(lambda _f: send.to(buf.dtype))
+    fut, sent = comm.all_reduce(buf, state.process_group)
+    state._account(bucket, mode, sent, buf.numel())
+    return fut.then(lambda _f: buf)
 
 
 def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Sample-weighted Top-K with error feedback (methods ``topk`` and ``tiered``).
 
-    1. ``buffer *= b_r/G`` (after the optional clip); acc = buffer + gamma*residual;
-    2. this rank's k from its tier and the cosine schedule; capacity = max k over ranks;
-    3. values + int32 indices (+ a non-finite marker) padded to capacity, one all-gather;
-    4. residual = acc minus the sent entries; result = sum of all ranks' sparse payloads.
+    1. ``buffer *= b_r/G`` (after the optional clip); acc = buffer + gamma*residual (fp32);
+    2. per parameter: k from this rank's tier and the cosine schedule, capacity = max k over ranks;
+       parameters where sparse would cost more than dense (cap x W >= n) go dense;
+    3. one all-gather of all sparse values + int32 indices (padded to capacity), one all-reduce
+       of the dense parameters; a non-finite marker rides in one of them;
+    4. residual = acc minus what was sent; result = dense sums + all ranks' sparse entries.
 
     Example::
 
@@ -214,36 +215,79 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     """
     step = state.step
     state.record_bucket(bucket)
-    buf = bucket.buffer()  # (n,) flat view of the bucket's gradients
-    mode, ks = state.plan(step, buf.numel())
-    if mode != "sparse":
-        return _dense(state, bucket, mode, send_nothing=mode == "dense" and ks[state.rank] == 0)
-    k, capacity = ks[state.rank], max(ks)
-    state._scale(buf, clip=True)
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), bucket.gradients())
+    mode = state.mode(step)
     policy = state.policies[state.rank]
+    if mode == "warmup" or policy.tier_factor is None:
+        return _warmup(state, bucket, mode)
+    buf, grads = bucket.buffer(), bucket.gradients()
+    sizes = [g.numel() for g in grads]
+    sparse, ks, caps = state.plan(step, sizes) if mode == "compressed" else ([False] * len(sizes), sizes, sizes)
+    state._scale(bucket, clip=True)
+    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
     acc = ef_accumulate(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32
     marker = _nonfinite_marker(acc)
-    payload, new_residual = TopKCodec.compress(acc, k, capacity, state.config.compression_backend)
-    residual.copy_(torch.where(torch.isnan(marker), residual, new_residual))
-    payload = torch.cat([payload, marker.reshape(1)])  # (2*capacity + 1,)
-    fut, gathered, sent = comm.all_gather(payload, state.process_group)
-    state._account(bucket, mode, sent, k)
-    numel, dtype = buf.numel(), buf.dtype
+    kept = acc.clone()  # what stays in the residual; sent entries are zeroed below
+    dense_parts, values, indices, offset, sent_entries = [], [], [], 0, 0
+    for n, is_sparse, k, cap in zip(sizes, sparse, ks, caps):
+        seg = acc[offset:offset + n]
+        if is_sparse:
+            v, i, r = TopKCodec.select(seg, k, cap, state.config.compression_backend)
+            values.append(v)
+            indices.append(i.add_(offset))  # bucket-relative; padding points at this segment's start
+            kept[offset:offset + n] = r
+        elif k > 0:
+            dense_parts.append(seg)
+            kept[offset:offset + n] = 0.0
+        else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
+            dense_parts.append(torch.zeros_like(seg))
+        sent_entries += k
+        offset += n
+    residual.copy_(torch.where(torch.isnan(marker), residual, kept))  # never store a non-finite step
+    return _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
+
+
+def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries):
+    """Issue the (at most two) collectives now, in the same order on every rank; decode later."""
+    buf = bucket.buffer()
+    numel, dtype, group = buf.numel(), buf.dtype, state.process_group
+    gathered = reduced = None
+    futs, nbytes = [], 0
+    if values:  # marker rides in the gather when there is one, else in the all-reduce
+        payload = torch.cat([TopKCodec.pack(torch.cat(values), torch.cat(indices)), marker])
+        fut, gathered, sent = comm.all_gather(payload, group)
+        futs.append(fut)
+        nbytes += sent
+    if dense_parts or not values:
+        reduced = torch.cat(dense_parts + ([] if values else [marker]))
+        fut, sent = comm.all_reduce(reduced, group)
+        futs.append(fut)
+        nbytes += sent
+    state._account(bucket, "sparse" if values else mode, nbytes, sent_entries)
 
     def decode(_f: torch.futures.Future) -> torch.Tensor:
-        out = TopKCodec.decompress(gathered[:, :-1], numel)  # (n,) fp32
-        return out.add_(gathered[:, -1].sum()).to(dtype)  # any rank's NaN marks the whole bucket
+        out = torch.zeros(numel, dtype=torch.float32, device=buf.device)  # (n,)
+        offset, pos = 0, 0
+        for n, is_sparse in zip(sizes, sparse):
+            if not is_sparse:
+                out[offset:offset + n] = reduced[pos:pos + n]
+                pos += n
+            offset += n
+        if gathered is not None:
+            out.add_(TopKCodec.decompress(gathered[:, :-1], numel))
+            out.add_(gathered[:, -1].sum())  # any rank's NaN marks the whole bucket
+        else:
+            out.add_(reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
+        return out.to(dtype)
 
-    return fut.then(decode)
+    return torch.futures.collect_all(futs).then(decode)
 
 
 def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Sample-weighted 1-bit sign compression with error feedback (method ``onebit``).
 
     1. ``buffer *= b_r/G``; acc = buffer + gamma*residual;
-    2. payload = packed signs of acc + scale = mean|acc|; residual = acc - scale*sign(acc);
-    3. one all-gather; result = sum over ranks of scale_r * sign_r (NaN scale marks the bucket).
+    2. payload = packed signs of acc + one scale (mean |acc|) per parameter; residual = acc - scale*sign;
+    3. one all-gather; result = sum over ranks of scale_r * sign_r (a NaN scale marks the bucket).
 
     Example::
 
@@ -252,17 +296,22 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
     """
     step = state.step
     state.record_bucket(bucket)
-    buf = bucket.buffer()
-    mode, _ = state.plan(step, buf.numel())
-    if mode != "onebit":
-        return _dense(state, bucket, mode, send_nothing=False)
-    state._scale(buf, clip=True)
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), bucket.gradients())
+    mode = state.mode(step)
+    # signs cost n/8 bytes per rank to gather vs ~8n/W for a ring all-reduce of fp32
+    if mode == "warmup" or state.world >= 64:
+        return _warmup(state, bucket, mode)
+    buf, grads = bucket.buffer(), bucket.gradients()
+    sizes = [g.numel() for g in grads]
+    state._scale(bucket, clip=True)
+    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)
     acc = ef_accumulate(buf, residual, state.policies[state.rank].gamma, state.config.compression_backend)
     marker = _nonfinite_marker(acc)
-    payload, new_residual = SignCodec.compress(acc.add(marker))  # NaN scale if non-finite
-    residual.copy_(torch.where(torch.isnan(marker), residual, new_residual))
+    if mode == "dense":  # periodic full-precision sync flushes the residual
+        residual.copy_(torch.where(torch.isnan(marker), residual, torch.zeros_like(acc)))
+        return _exchange(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
+    payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
+    residual.copy_(torch.where(torch.isnan(marker), residual, kept))
     fut, gathered, sent = comm.all_gather(payload, state.process_group)
     state._account(bucket, mode, sent, buf.numel())
-    numel, dtype = buf.numel(), buf.dtype
-    return fut.then(lambda _f: SignCodec.decompress(gathered, numel).to(dtype))
+    dtype = buf.dtype
+    return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))

@@ -57,6 +57,10 @@ class ResidualMemory:
             out.append(key)
         return tuple(out)
 
+    def ordinal(self, param: torch.Tensor) -> int | None:
+        """The key of ``param``'s residual in :meth:`state_dict` (None until the hook has seen it)."""
+        return self._ordinal.get(id(param))
+
     def residual(self, index: int, keys: tuple[int, ...], grads: list[torch.Tensor]) -> torch.Tensor:
         """The bucket's flat fp32 residual; rebuilt from per-parameter slices if the layout changed."""
         slot = self._slots.get(index)
