@@ -10,11 +10,12 @@ import os
 import queue
 import socket
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_distributed", "init_gloo"]
+__all__ = ["free_port", "init_gloo", "run_distributed"]
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dist_utils import run_distributed
 from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
 
@@ -41,7 +40,7 @@ def results():
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_weights_match_one_process(results, name):
-    n, shuffle, drop_last, steps, accumulate, clip = SCENARIOS[name]
+    n, shuffle, _drop_last, steps, accumulate, clip = SCENARIOS[name]
     oracle = one_process_sgd(make_data(n), 16, steps, shuffle=shuffle, accumulate=accumulate, clip=clip)
     for rank in range(2):
         for got, want in zip(results[rank][name]["weights"], oracle.parameters()):

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from dist_utils import run_distributed
 from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
 

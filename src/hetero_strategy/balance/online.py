@@ -7,9 +7,13 @@ same gathered rows to its own :class:`Calibrator` and so schedules the same new 
 
 from __future__ import annotations
 
-from hetero_strategy.balance.calibrator import Calibrator
+from typing import TYPE_CHECKING
+
 from hetero_strategy.balance.probe import all_gather_floats
 from hetero_strategy.balance.sampler import HeteroBatchSampler
+
+if TYPE_CHECKING:
+    from hetero_strategy.balance.calibrator import Calibrator
 
 __all__ = ["OnlineBalancer"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["measure_samples_per_s", "all_gather_floats"]
+__all__ = ["all_gather_floats", "measure_samples_per_s"]
 
 
 def measure_samples_per_s(step_fn: Callable[[], None], samples: int, steps: int = 3, warmup: int = 1) -> float:

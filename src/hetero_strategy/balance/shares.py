@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["split_batch", "capacity"]
+__all__ = ["capacity", "split_batch"]
 
 
 def capacity(

@@ -36,7 +36,6 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch
-from hetero_strategy.balance.calibrator import Calibrator
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.hooks import build_comm_hook
@@ -187,9 +186,11 @@ class HeteroStrategy(DDPStrategy):
         cfg = self.hetero_config.balance
         cfg.check_world_size(self.world_size, global_batch)
         sizes = self._plan_batch_sizes(dataloader, batch, global_batch)
-        seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
         loader, self.sampler = hetero_train_loader(dataloader, sizes, self.global_rank, seed)
         if self.hetero_config.calibration.calibrate:
+            from hetero_strategy.balance.calibrator import Calibrator
+
             self.balancer = OnlineBalancer(Calibrator(self.hetero_config.calibration, sizes), self.sampler)
         self._restore_pending()
         rank_zero_info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
