@@ -1,0 +1,214 @@
+"""The one-machine heterogeneous cluster: namespaces, tbf links, cgroup quotas, cleanup.
+
+Oracles: the configured rate (bytes over a socket written here, not the emulator's probe), the
+kernel's own view (``ip netns``, ``tc``, cgroup files, cpu.stat throttling), and process state.
+Real isolation needs root (network namespaces, tc, cgroups): those tests skip only without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetero_strategy.emulate import ClusterSpec, EmulatedCluster, EmulatorError, leftovers
+from hetero_strategy.emulate.system import cgroup_cpu_root
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, tc and cgroups need root")
+PY = sys.executable
+
+_SPIN = "import time,os\nt=time.perf_counter()\nx=0\nfor i in range({n}): x+=i\nprint(os.environ['RANK'], time.perf_counter()-t)"
+_RECV = """
+import socket, time
+s = socket.create_server(("0.0.0.0", 7100)); print("ready", flush=True)
+c, _ = s.accept(); got = 0; t0 = None
+while got < {n}:
+    d = c.recv(1 << 20)
+    if not d: break
+    t0 = t0 or time.perf_counter(); got += len(d)
+print(got, time.perf_counter() - t0, flush=True)
+"""
+_SEND = """
+import socket, time
+for _ in range(100):
+    try:
+        c = socket.create_connection(("{host}", 7100), timeout=5); break
+    except OSError:
+        time.sleep(0.05)
+c.sendall(b"\\0" * {n}); c.close()
+"""
+
+
+def _mine(cluster: EmulatedCluster) -> list[str]:
+    return [x for x in leftovers() if f"hsem-{cluster.tag}-" in x]
+
+
+def _owned_by(pid: int) -> list[str]:
+    return [x for x in leftovers() if f"hsem-{pid}-" in x]
+
+
+# ---- spec validation (no root needed) -----------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"compute": [1.0, 1.5]}, "compute[1]"),
+    ({"compute": [1.0, 0.5], "links": ["1gbit", "2gbit", "3gbit"]}, "links="),
+    ({"compute": [1.0], "links": ["10gigs"]}, "link='10gigs'"),
+    ({"compute": [1.0], "latency_ms": [0]}, "latency="),
+])
+def test_spec_refuses_bad_values(kwargs, needle):
+    with pytest.raises(ValueError, match=None) as err:
+        ClusterSpec(**kwargs)
+    assert needle in str(err.value)
+
+
+def test_without_root_real_isolation_is_refused(monkeypatch):
+    monkeypatch.setattr("hetero_strategy.emulate.cluster.is_root", lambda: False)
+    with pytest.raises(EmulatorError, match="needs root.*--simulate"):
+        EmulatedCluster(compute=[1.0, 0.5]).start()
+
+
+def test_simulated_cluster_slows_compute_and_says_so():
+    with EmulatedCluster(compute=[1.0, 0.4], simulate=True) as cluster:
+        assert all(r["mode"] == "simulated" for r in cluster.describe())
+        res = cluster.run([PY, "-c", _SPIN.format(n=4_000_000) + "\nimport os;print(os.environ['HETERO_EMULATED'])"],
+                          timeout=60)
+    assert res.ok, res.outputs
+    t = [float(out.split()[1]) for out in res.outputs]
+    assert all(out.split()[2] == "simulated" for out in res.outputs)
+    assert t[1] / t[0] > 1.5, t  # duty cycle 40%: ideally 2.5x
+
+
+# ---- real isolation ---------------------------------------------------------------------
+@needs_root
+def test_builds_namespaces_links_cgroups_and_removes_them():
+    with EmulatedCluster(compute=[1.0, 0.5], links=["1gbit", "50mbit"], measure=False) as cluster:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        for net in cluster.nets:
+            assert net.netns in names
+            qdisc = subprocess.run(["tc", "-n", net.netns, "qdisc", "show", "dev", "veth0"],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "tbf" in qdisc
+        assert "50Mbit" in subprocess.run(["tc", "-n", cluster.nets[1].netns, "qdisc", "show", "dev", "veth0"],
+                                          capture_output=True, text=True, check=True).stdout
+        _, version = cgroup_cpu_root()
+        quota = Path(cluster.cgroups[1].path / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")).read_text()
+        assert quota.split()[0] == "50000"
+        assert len(_mine(cluster)) >= 5  # bridge ns + 2 rank ns + 2 cgroups
+    assert _mine(cluster) == []
+
+
+@needs_root
+def test_tbf_link_rate_within_20_percent_and_gloo_works_across_namespaces():
+    n = 3_000_000  # 0.48 s at 50 Mbit/s: much longer than the 32 KiB token bucket burst
+    with EmulatedCluster(compute=[1.0, 1.0], links=["1gbit", "50mbit"]) as cluster:
+        assert cluster.measured_mbit[1] == pytest.approx(50, rel=0.2)
+        recv = subprocess.Popen(cluster._argv(1, [PY, "-c", _RECV.format(n=n)]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert recv.stdout.readline().strip() == "ready"
+            sent = cluster.exec(0, [PY, "-c", _SEND.format(host=cluster.nets[1].addr, n=n)], timeout=30)
+            assert sent.returncode == 0, sent.stderr
+            got, seconds = recv.stdout.readline().split()
+        finally:
+            recv.kill()
+            recv.wait(timeout=5)
+        assert int(got) == n
+        assert n * 8 / float(seconds) / 1e6 == pytest.approx(50, rel=0.2)
+        code = ("import torch, torch.distributed as d; d.init_process_group('gloo'); "
+                "x = torch.full((4,), float(d.get_rank() + 1)); d.all_reduce(x); print(x.tolist())")
+        res = cluster.run([PY, "-c", code], timeout=90)
+    assert res.ok, res.outputs
+    assert all("[3.0, 3.0, 3.0, 3.0]" in out for out in res.outputs)
+
+
+@needs_root
+def test_quota_rank_is_slower_and_env_is_torchrun_like():
+    code = _SPIN.format(n=6_000_000) + "\nimport json;print(json.dumps({k: os.environ[k] for k in ('WORLD_SIZE', " \
+        "'LOCAL_RANK', 'MASTER_ADDR', 'GLOO_SOCKET_IFNAME', 'OMP_NUM_THREADS')}), sorted(os.sched_getaffinity(0)))"
+    with EmulatedCluster(compute=[1.0, 0.3], measure=False) as cluster:
+        res = cluster.run([PY, "-c", code], timeout=60)
+        stat = (cluster.cgroups[1].path / "cpu.stat").read_text()
+    assert res.ok, res.outputs
+    t = [float(out.split()[1]) for out in res.outputs]
+    assert t[1] / t[0] > 1.5, t  # 30% quota: ideally 3.3x (other load on the box only narrows it)
+    throttled = dict(line.split() for line in stat.splitlines())
+    assert int(throttled.get("nr_throttled", 0)) > 0
+    for rank, out in enumerate(res.outputs):
+        env = json.loads(out.splitlines()[1].split(" [")[0].rsplit("}", 1)[0] + "}")
+        assert env == {"WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "10.77.0.1",
+                       "GLOO_SOCKET_IFNAME": "veth0", "OMP_NUM_THREADS": "1"}
+        assert out.strip().endswith(f"[{cluster.cores[rank]}]")
+
+
+@needs_root
+def test_crashed_rank_stops_the_others_and_timeout_is_bounded():
+    code = "import os,sys,time\nif os.environ['RANK']=='1': time.sleep(0.3); sys.exit(3)\ntime.sleep(60)"
+    with EmulatedCluster(compute=[1.0, 1.0], measure=False) as cluster:
+        res = cluster.run([PY, "-c", code], timeout=60)
+        assert res.failed_rank == 1 and res.returncode == 3 and res.wall_s < 15
+        res = cluster.run([PY, "-c", "import time; time.sleep(60)"], timeout=1.0)
+        assert res.timed_out and res.returncode == 124 and res.wall_s < 10
+        assert all(not pids for pids in (cg.pids() for cg in cluster.cgroups))
+    assert _mine(cluster) == []
+
+
+def _start_cli(*extra: str) -> subprocess.Popen:
+    cmd = [PY, "-m", "hetero_strategy.cli", "emulate", "--no-measure", "--compute", "1.0,0.5", *extra,
+           "--", PY, "-c", "import time; time.sleep(120)"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_pids(pid: int, rank: int, timeout: float = 60) -> list[int]:
+    root, _ = cgroup_cpu_root()
+    procs = root / f"hsem-{pid}-0-r{rank}" / "cgroup.procs"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if procs.exists() and procs.read_text().split():
+            return [int(p) for p in procs.read_text().split()]
+        time.sleep(0.1)
+    raise TimeoutError(f"rank {rank} of emulate {pid} never started")
+
+
+@needs_root
+def test_cli_cleans_up_after_a_killed_rank_and_after_sigterm():
+    proc = _start_cli()
+    try:
+        os.kill(_rank_pids(proc.pid, 1)[0], signal.SIGKILL)
+        assert proc.wait(timeout=30) != 0
+        assert _owned_by(proc.pid) == []
+        proc = _start_cli()
+        _rank_pids(proc.pid, 0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        assert _owned_by(proc.pid) == []
+    finally:
+        proc.kill()
+
+
+@needs_root
+def test_stale_objects_of_a_sigkilled_emulate_are_cleaned_by_the_next():
+    proc = _start_cli()
+    orphans = _rank_pids(proc.pid, 1)
+    proc.kill()  # SIGKILL: no chance to clean up; ranks and namespaces stay behind
+    proc.wait(timeout=10)
+    assert _owned_by(proc.pid)
+    with EmulatedCluster(compute=[1.0], measure=False) as cluster:
+        assert any(f"hsem-{proc.pid}-" in x for x in cluster.stale_removed)
+        res = cluster.run([PY, "-c", "print('ok')"], timeout=30)
+        assert res.ok
+    assert _owned_by(proc.pid) == []
+    time.sleep(0.2)
+    assert not any(_running(p) for p in orphans)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (orphans are re-parented to an init that may reap them late)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
