@@ -45,7 +45,7 @@ def ef_accumulate(grad: torch.Tensor, residual: torch.Tensor | None, gamma: floa
     if residual is None:
         return grad.to(torch.float32, copy=True)
     if _use_dispatch(backend, "ef_accumulate"):
-        return _dispatch.ef_accumulate(grad, residual, gamma)
+        return _dispatch.ef_accumulate(grad, residual, gamma, backend=backend)
     return torch.add(grad.to(torch.float32), residual, alpha=gamma)
 
 
@@ -77,7 +77,7 @@ class TopKCodec:
         assert acc.dtype == torch.float32 and acc.dim() == 1, "acc must be a flat fp32 tensor"
         assert 0 <= k <= min(capacity, acc.numel()), f"need 0 <= k={k} <= capacity={capacity}, numel"
         if _use_dispatch(backend, "topk_select"):
-            values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity)
+            values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity, backend=backend)
             return values, indices, residual
         return _topk_select_torch(acc, k, capacity)
 
@@ -93,7 +93,7 @@ class TopKCodec:
         return cls.pack(values, indices), residual
 
     @staticmethod
-    def decompress(gathered: torch.Tensor, numel: int) -> torch.Tensor:
+    def decompress(gathered: torch.Tensor, numel: int, backend: str = "auto") -> torch.Tensor:
         """Sum of every rank's sparse payload: gathered (R, 2*capacity) -> dense (numel,) fp32.
 
         Ranks are added one after another: within one rank the indices are distinct (padding adds
@@ -101,6 +101,9 @@ class TopKCodec:
         """
         capacity = gathered.shape[1] // 2
         out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
+        if _use_dispatch(backend, "scatter_add"):  # same contract: row by row, deterministic
+            indices = gathered[:, capacity:].contiguous().view(torch.int32)  # (R, capacity)
+            return _dispatch.scatter_add(out, gathered[:, :capacity].contiguous(), indices, backend=backend)
         for row in gathered:  # (2*capacity,) per rank
             idx = row[capacity:].contiguous().view(torch.int32).long()  # (capacity,)
             out.index_add_(0, idx, row[:capacity])
@@ -142,7 +145,7 @@ class SignCodec:
         weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=gathered.device)
         out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
         for row in gathered:
-            scales = row[-4 * nseg:].contiguous().view(torch.float32)  # (S,)
+            scales = row[-4 * nseg:].clone().view(torch.float32)  # (S,); clone: view needs alignment
             bits = (row[:-4 * nseg].unsqueeze(1) & weights).ne(0).reshape(-1)[:numel]  # (numel,) bool
             signs = bits.to(torch.float32).mul_(2.0).sub_(1.0)
             out.add_(signs.mul_(torch.repeat_interleave(scales, sizes_t)))

@@ -52,7 +52,7 @@ class CompressedState(WeightedReduceState):
     links; a dense sync every 100 steps bounds drift; use clip_norm when the loss spikes early.
     """
 
-    __slots__ = [  # noqa: RUF023 - grouped by role, as PyTorch's hook states are
+    __slots__ = [  # grouped by role, as in PyTorch's hook states
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world",
         # internal state
@@ -191,6 +191,9 @@ def _nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
 
 def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
     """Dense weighted all-reduce in place, no residuals: warm-up steps and dense tiers."""
+    # NOTE: name the parameters now: step 0 always runs DDP's initial bucket layout, so the
+    # first-seen order (the residuals' checkpoint keys) is the same in every run of this model
+    state.memory.keys(bucket)
     state._scale(bucket, clip=mode != "warmup")
     buf = bucket.buffer()
     fut, sent = comm.all_reduce(buf, state.process_group)
@@ -273,7 +276,7 @@ def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, 
                 pos += n
             offset += n
         if gathered is not None:
-            out.add_(TopKCodec.decompress(gathered[:, :-1], numel))
+            out.add_(TopKCodec.decompress(gathered[:, :-1], numel, state.config.compression_backend))
             out.add_(gathered[:, -1].sum())  # any rank's NaN marks the whole bucket
         else:
             out.add_(reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)

@@ -1,0 +1,162 @@
+"""Single-process checks of the compression pieces: config refusals, schedule, codecs, memory,
+tiers, factory, and the hooks on a stand-in bucket (world size 1), against hand-built values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hetero_strategy.config import COMPRESSION_METHODS, ConfigError, HeteroConfig
+from hetero_strategy.hooks import CompressedState, build_comm_hook, onebit_hook, topk_hook
+from hetero_strategy.hooks.codecs import SignCodec, TopKCodec
+from hetero_strategy.hooks.memory import ResidualMemory
+from hetero_strategy.hooks.schedule import DensitySchedule
+from hetero_strategy.hooks.tiers import resolve_tier, tier_from_bandwidth, tier_policy
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"base_density": 0.0}, "base_density"),
+    ({"base_density": 1.5}, "base_density"),
+    ({"min_density": -0.1}, "min_density"),
+    ({"base_density": 0.01, "min_density": 0.1}, "min_density"),
+    ({"tier": "wifi"}, "tier"),
+    ({"tiers": ["ib", "token-ring"]}, "tiers[1]"),
+    ({"tier_overrides": {"eth1g": {"speed": 3}}}, "tier_overrides.eth1g.speed"),
+    ({"tier_overrides": {"eth1g": {"gamma": 1.5}}}, "tier_overrides.eth1g.gamma"),
+    ({"dense_warmup_steps": 0}, "dense_warmup_steps"),
+    ({"clip_norm": -1.0}, "clip_norm"),
+    ({"density_schedule": "linear"}, "density_schedule"),
+    ({"compression_backend": "cuda"}, "compression_backend"),
+    ({"compression": "zip"}, "compression"),
+])
+def test_bad_configs_are_refused_naming_field_and_fix(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        HeteroConfig.from_flat(**kwargs)
+    assert str(err.value).startswith(f"{field}="), str(err.value)
+    assert "invalid:" in str(err.value)
+
+
+def test_schedule_follows_the_cosine_formula() -> None:
+    s = DensitySchedule(base_density=0.04, min_density=0.001, warmup_steps=10, period=100)
+    assert s.density(9, 0.5) == 1.0  # warm-up is dense
+    assert s.density(10, 0.5) == pytest.approx(0.02)
+    assert s.density(60, 0.5) == pytest.approx(0.04 * 0.5 * (1 + math.cos(math.pi / 2)) / 2)
+    assert s.density(110, 0.5) == 0.001 and s.density(10_000, 0.5) == 0.001  # floor after T
+    assert s.density(50, None) == 1.0  # dense tier
+    assert s.k(1000, 10, 0.5) == 20 and s.k(10, 10, 0.5) == 1 and s.k(0, 10, 0.5) == 0
+    const = DensitySchedule(base_density=0.04, min_density=0.001, warmup_steps=1, period=100, cosine=False)
+    assert const.density(80, 0.5) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("k", [0, 1, 7, 50])
+def test_topk_codec_sends_the_largest_and_conserves(k: int) -> None:
+    acc = torch.randn(50, generator=torch.Generator().manual_seed(k))
+    payload, residual = TopKCodec.compress(acc, k, capacity=max(k, 8))
+    sent = TopKCodec.decompress(payload.view(1, -1), 50)
+    torch.testing.assert_close(sent + residual, acc, rtol=0, atol=0)  # nothing lost, nothing added
+    assert int((sent != 0).sum()) == k
+    if 0 < k < 50:
+        assert sent[sent != 0].abs().min() >= residual.abs().max()
+
+
+def test_sign_codec_scale_per_segment() -> None:
+    acc = torch.tensor([1.0, -3.0, 0.5, -0.5, 2.0])
+    payload, residual = SignCodec.compress(acc, [2, 3])
+    assert payload.dtype == torch.uint8 and payload.numel() == SignCodec.payload_numel(5, 2)
+    decoded = SignCodec.decompress(payload.view(1, -1), [2, 3])
+    torch.testing.assert_close(decoded, torch.tensor([2.0, -2.0, 1.0, -1.0, 1.0]))
+    torch.testing.assert_close(decoded + residual, acc)
+
+
+class _Bucket:
+    """Stand-in for dist.GradBucket: a flat buffer whose gradients are views of it."""
+
+    def __init__(self, params: list[torch.Tensor], values: list[torch.Tensor], index: int = 0) -> None:
+        self._params, self._index = params, index
+        self._buf = torch.cat([v.reshape(-1) for v in values])
+        sizes = [p.numel() for p in params]
+        self._grads = [g.view_as(p) for g, p in zip(self._buf.split(sizes), params)]
+
+    def buffer(self) -> torch.Tensor:
+        return self._buf
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._grads
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return True
+
+
+def test_memory_keeps_residuals_per_parameter_across_layouts() -> None:
+    a, b, c = torch.zeros(3), torch.zeros(2), torch.zeros(4)
+    mem = ResidualMemory()
+    first = _Bucket([a, b, c], [torch.zeros(3), torch.zeros(2), torch.zeros(4)])
+    mem.residual(0, mem.keys(first), first.gradients()).copy_(torch.arange(9.0))
+    # rebuilt layout: c alone in bucket 0, then b, a in bucket 1
+    r0 = mem.residual(0, mem.keys(_Bucket([c], [torch.zeros(4)])), [torch.zeros(4)])
+    r1 = mem.residual(1, mem.keys(_Bucket([b, a], [torch.zeros(2), torch.zeros(3)])), [torch.zeros(2), torch.zeros(3)])
+    assert r0.tolist() == [5.0, 6.0, 7.0, 8.0] and r1.tolist() == [3.0, 4.0, 0.0, 1.0, 2.0]
+    saved = mem.state_dict()
+    fresh = ResidualMemory()
+    fresh.load_state_dict(saved)
+    again = fresh.residual(0, fresh.keys(first), first.gradients())  # lazily re-attached
+    assert again.tolist() == [float(i) for i in range(9)]
+
+
+def test_tiers_from_bandwidth_env_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tier_from_bandwidth(0.1) == "eth1g" and tier_from_bandwidth(8) == "eth10g"
+    assert tier_from_bandwidth(90) == "ib" and tier_from_bandwidth(900) == "nvlink"
+    assert tier_policy("eth1g").exchange_every == 5 and tier_policy("nvlink").tier_factor is None
+    assert tier_policy("ib", {"ib": {"gamma": 0.5}}).gamma == 0.5
+    monkeypatch.setenv("HETERO_TIER", "eth10g")
+    assert resolve_tier(None) == "eth10g" and resolve_tier("ib") == "ib"
+    monkeypatch.setenv("HETERO_TIER", "carrier-pigeon")
+    with pytest.raises(ValueError, match="HETERO_TIER='carrier-pigeon' is invalid"):
+        resolve_tier(None)
+
+
+@pytest.mark.parametrize("method", COMPRESSION_METHODS)
+def test_factory_builds_every_method(method: str) -> None:
+    state, hook = build_comm_hook(HeteroConfig.from_flat(compression=method))
+    assert callable(hook) and hasattr(state, "set_local_batch") and isinstance(state.state_dict(), dict)
+    assert hook.__name__ not in ("bf16_compress_hook",)  # DDP refuses that name off CUDA
+
+
+def _run(state: CompressedState, hook, grads: list[torch.Tensor], params) -> torch.Tensor:
+    bucket = _Bucket(params, [g.clone() for g in grads])
+    return hook(state, bucket).wait()
+
+
+def test_single_rank_hooks_conserve_and_mark_nonfinite() -> None:
+    params = [torch.zeros(40), torch.zeros(30)]
+    state = CompressedState(method="topk", base_density=0.1, min_density=0.1, dense_warmup_steps=1,
+                            dense_sync_every=0, ef_gamma=0.5)
+    g0 = [torch.randn(40), torch.randn(30)]
+    torch.testing.assert_close(_run(state, topk_hook, g0, params), torch.cat(g0))  # warm-up: dense
+    g1 = [torch.randn(40), torch.randn(30)]
+    out = _run(state, topk_hook, g1, params)
+    res = torch.cat(list(state.state_dict()["residuals"].values()))
+    torch.testing.assert_close(out + res, torch.cat(g1))  # residual was 0: sent + residual = g
+    assert int((out != 0).sum()) == 4 + 3
+    bad = [g1[0].clone(), g1[1].clone()]
+    bad[1][0] = float("inf")
+    out = _run(state, topk_hook, bad, params)
+    assert torch.isnan(out).all()  # surfaces, so found-inf skips the step
+    after = torch.cat(list(state.state_dict()["residuals"].values()))
+    torch.testing.assert_close(after, res)  # and the residual is not poisoned
+    assert state.last_bytes_sent == 0  # one rank moves nothing over the wire
+
+    ob = CompressedState(method="onebit", dense_warmup_steps=1, dense_sync_every=0)
+    _run(ob, onebit_hook, g0, params)
+    out = _run(ob, onebit_hook, g1, params)
+    res = torch.cat(list(ob.state_dict()["residuals"].values()))
+    torch.testing.assert_close(out + res, torch.cat(g1))
+    assert torch.isnan(_run(ob, onebit_hook, bad, params)).all()
