@@ -100,3 +100,14 @@ def test_step_count_matches_dataloader():
     for n, g, drop in [(70, 16, False), (70, 16, True), (64, 16, True)]:
         s = HeteroBatchSampler(n, [3, 13], 0, drop_last=drop)
         assert len(s) == (n // g if drop else math.ceil(n / g))
+
+
+def test_capacity_model_by_hand():
+    from hetero_strategy.balance import capacity
+
+    # alpha * compute share + beta * bandwidth share
+    got = capacity([2.0, 1.0], [10.0, 30.0], alpha=0.7, beta=0.3)
+    assert got == pytest.approx([0.7 * 2 / 3 + 0.3 * 0.25, 0.7 * 1 / 3 + 0.3 * 0.75])
+    assert capacity([2.0, 1.0]) == pytest.approx([2 / 3, 1 / 3])  # no bandwidth figures: compute only
+    with pytest.raises(ValueError, match="positive measured speed"):
+        capacity([1.0, 0.0])

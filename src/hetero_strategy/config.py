@@ -70,6 +70,9 @@ class BalanceConfig:
     nor capacities are given)."""
     seed: int | None = None
     """Shuffle seed of the training sampler; None takes PL_GLOBAL_SEED (as Lightning does) or 0."""
+    profile: str | None = None
+    """A cluster-profile JSON (``hetero-strategy profile --json``): its per-rank link bandwidth is
+    the beta term of the capacity model; compute is still probed on the real model."""
 
     def __post_init__(self) -> None:
         _check_positive_list("batch_sizes", self.batch_sizes, integer=True)
@@ -87,6 +90,8 @@ class BalanceConfig:
             _fail("probe_steps", self.probe_steps, "must be an integer >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             _fail("seed", self.seed, "must be an integer or None")
+        if self.profile is not None and not Path(self.profile).is_file():
+            _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
 
     def check_world_size(self, world_size: int, global_batch: int | None = None) -> None:
         """Refuse per-rank lists that do not match the job (called once the world size is known)."""

@@ -203,26 +203,38 @@ class HeteroStrategy(DDPStrategy):
             return list(cfg.batch_sizes)
         caps = cfg.capacities
         if caps is None:
-            caps = self._probe_capacities(dataloader, batch)
+            speeds = self._probe_speeds(dataloader, batch)
+            caps = capacity(speeds, self._profile_bandwidth(), cfg.alpha, cfg.beta)
         return split_batch(global_batch, caps, cfg.max_batch_sizes)
 
-    def _probe_capacities(self, dataloader: DataLoader, batch: int) -> list[float]:
-        """Time forward+backward of the real model on every rank and all-gather the speeds."""
+    def _profile_bandwidth(self) -> list[float] | None:
+        path = self.hetero_config.balance.profile
+        if path is None:
+            return None
+        from hetero_strategy.cluster.profile import load_profile
+
+        bandwidth = load_profile(path).bandwidth_gbit_s
+        if len(bandwidth) != self.world_size:
+            raise ConfigError(f"profile={path!r} is invalid: it describes {len(bandwidth)} ranks but the job has "
+                              f"{self.world_size}; profile this cluster with `hetero-strategy profile --json`")
+        return bandwidth
+
+    def _probe_speeds(self, dataloader: DataLoader, batch: int) -> list[float]:
+        """Time forward+backward of the real model on every rank and all-gather the samples/s."""
+        from hetero_strategy.balance.probe import all_gather_floats
         from hetero_strategy.lightning.probe import probe_training_speed
 
         module = self.lightning_module
         sample = self.batch_to_device(probe_batch(dataloader, batch), dataloader_idx=0)
         speed = probe_training_speed(module, sample, batch, self.hetero_config.balance.probe_steps)
-        if speed is None:
+        # NOTE: every rank must join the all-gather, also one that could not probe (speed None).
+        speeds = [row[0] for row in all_gather_floats([-1.0 if speed is None else speed])]
+        if min(speeds) <= 0:
             rank_zero_warn("hetero: cannot probe a model with manual optimization; using equal shares. "
                            "Pass batch_sizes=... or capacities=... to HeteroStrategy.")
             return [1.0] * self.world_size
-        from hetero_strategy.balance.probe import all_gather_floats
-
-        speeds = [row[0] for row in all_gather_floats([speed])]
-        cfg = self.hetero_config.balance
         rank_zero_info(f"hetero: probed samples/s per rank: {[round(s, 1) for s in speeds]}")
-        return capacity(speeds, None, cfg.alpha, cfg.beta)
+        return speeds
 
     # ---- per step ------------------------------------------------------------------------
     @override
