@@ -59,23 +59,33 @@ if HAS_TRITON:
 
     @triton.jit
     def _radix_hist_kernel(
-        # inputs
-        acc_ptr,
+        # inputs: fp32 acc, or (SRC_IS_KEYS) int32 keys with their count at src_count_ptr
+        src_ptr,
+        src_count_ptr,
         state_ptr,
         # outputs
         hist_ptr,
+        cand_ptr,
+        cand_count_ptr,
         # constants
         n,
         SHIFT: tl.constexpr,
         WIDTH: tl.constexpr,
         NUM_BINS: tl.constexpr,
         FIRST: tl.constexpr,
+        SRC_IS_KEYS: tl.constexpr,
+        APPEND: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < n
-        x = tl.load(acc_ptr + offs, mask=valid, other=0.0)
-        key = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if SRC_IS_KEYS:
+            # Candidates appended by the previous pass; programs past their count do nothing.
+            valid = offs < tl.load(src_count_ptr)
+            key = tl.load(src_ptr + offs, mask=valid, other=0)
+        else:
+            valid = offs < n
+            x = tl.load(src_ptr + offs, mask=valid, other=0.0)
+            key = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         digit = (key >> SHIFT) & (NUM_BINS - 1)
         match = valid
         if not FIRST:
@@ -86,6 +96,12 @@ if HAS_TRITON:
         bins = tl.arange(0, NUM_BINS)
         # NOTE: flush only non-empty bins: gradients occupy few exponents, so this saves most atomics.
         tl.atomic_add(hist_ptr + bins, h, mask=h > 0)
+        if APPEND:
+            # Keep the keys that matched for the next pass, which then reads only these instead of
+            # all of acc. Their order (block arrival) is irrelevant to a histogram.
+            m = match.to(tl.int32)
+            base = tl.atomic_add(cand_count_ptr, tl.sum(m, axis=0))
+            tl.store(cand_ptr + base + tl.cumsum(m, axis=0) - m, key, mask=match)
 
     @triton.jit
     def _radix_scan_kernel(
@@ -150,7 +166,11 @@ def topk_threshold_torch(acc: torch.Tensor, k: int, *, passes: int = 3) -> torch
 def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4096) -> torch.Tensor:
     """Triton launcher; returns the same (2,) int32 device tensor as :func:`topk_threshold_torch`.
 
-    Cost: ``passes`` reads of ``acc`` plus ``passes`` single-program scans; no host sync.
+    Cost: ``min(passes, 2)`` reads of ``acc`` plus ``passes`` single-program scans, no host sync.
+    With ``passes=3`` the second pass also appends the keys that share the 11-bit prefix (the
+    *candidates*) to a buffer, and the third pass histograms only those: for spread-out
+    gradients that is a few percent of ``n``; if every key shares the prefix (e.g. all zeros)
+    it costs one extra write and read of ``4n`` bytes.
     ``block`` (power of two) is the number of elements per histogram program.
     """
     check_flat("acc", acc, (torch.float32,))
@@ -164,11 +184,16 @@ def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4
         return trivial
     state = torch.empty(2, dtype=torch.int32, device=acc.device)  # written by the first scan
     hist = torch.zeros(passes, 2048, dtype=torch.int32, device=acc.device)  # one row per pass
+    cand_count = torch.zeros(1, dtype=torch.int32, device=acc.device)
+    # NOTE: sized for the worst case (every key shares the prefix); only candidates are written.
+    cand = torch.empty(n if passes == 3 else 0, dtype=torch.int32, device=acc.device)
     grid = (triton.cdiv(n, block),)
-    for p, (shift, width) in enumerate(_DIGITS[:passes]):
+    for p, (shift, width) in enumerate(_DIGITS[:passes]):  # most significant digit first
         first = p == 0
         _radix_hist_kernel[grid](
-            acc, state, hist[p], n, SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first, BLOCK=block
+            cand if p == 2 else acc, cand_count, state, hist[p], cand, cand_count, n,
+            SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first,
+            SRC_IS_KEYS=p == 2, APPEND=p == 1 and passes == 3, BLOCK=block,
         )
         _radix_scan_kernel[(1,)](hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
     return state
