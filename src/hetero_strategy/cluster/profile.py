@@ -66,7 +66,7 @@ def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_
         sweep, p2p = [], [[None]]
         if world > 1:
             sweep = probes.allreduce_sweep(device, probes.sweep_sizes(max_bytes=max_bytes), budget_s)
-            p2p = probes.p2p_matrix(device, min(p2p_bytes, max_bytes))
+            p2p = probes.p2p_matrix(device, p2p_bytes)
             mine["latency_us"] = probes.allreduce_latency(device, latency_iters)
         ranks = _gather(mine, world)
         return _assemble(ranks, sweep, p2p, world)
