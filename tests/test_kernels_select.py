@@ -125,6 +125,26 @@ def test_error_feedback_conservation_through_fused_path(dtype):
         assert count.item() == k and torch.isinf(sent[11])
 
 
+@pytest.mark.parametrize("case", ["random", "ties", "zeros", "nonfinite"])
+def test_block_counts_from_candidates_equal_a_direct_count(case):
+    acc = torch.randn(1000, generator=torch.Generator().manual_seed(7))
+    if case == "ties":
+        acc = acc.sign() * (acc.abs() > 1).float()
+    elif case == "zeros":
+        acc = torch.zeros(1000)
+    elif case == "nonfinite":
+        acc[::37] = float("nan")
+        acc[5::91] = float("-inf")
+    k = 100
+    state, counts = th.topk_threshold_with_counts(acc, k, block=BLOCK)
+    keys, t = th.abs_key(acc), th.topk_threshold_torch(acc, k)[0]
+    assert state[0] == t
+    pad = torch.full((-len(keys) % BLOCK,), -1, dtype=torch.int32)  # pads count in no block
+    blocks = torch.cat([keys, pad]).view(-1, BLOCK)
+    expect = torch.stack([(blocks > t).sum(1), (blocks == t).sum(1)]).to(torch.int32)
+    assert torch.equal(counts, expect)
+
+
 def test_compact_alone_matches_reference_for_handmade_state():
     acc = torch.tensor([3.0, -1.0, 1.0, 1.0, -1.0, 2.0, 1.0])
     state = torch.tensor([torch.tensor(1.0).view(torch.int32).item(), 2], dtype=torch.int32)

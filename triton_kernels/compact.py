@@ -139,11 +139,21 @@ def compact_torch(acc: torch.Tensor, state: torch.Tensor, capacity: int, *, pass
     return values, indices, count, residual
 
 
-def compact(acc: torch.Tensor, state: torch.Tensor, capacity: int, *, passes: int = 3, block: int = 4096):
-    """Triton launcher: same outputs as :func:`compact_torch`; indices and count bitwise equal.
+def compact(
+    acc: torch.Tensor,
+    state: torch.Tensor,
+    capacity: int,
+    *,
+    passes: int = 3,
+    block: int = 4096,
+    counts: torch.Tensor | None = None,
+):
+    """Triton launcher: same outputs as :func:`compact_torch`, bitwise.
 
     Reads ``acc`` twice (count, then write) and writes the residual once; ``block`` (power of
-    two) is the number of elements per program.
+    two) is the number of elements per program. ``counts``, the (2, cdiv(n, block)) int32
+    per-block ``#(key > T)`` / ``#(key == T)`` from
+    :func:`.threshold.topk_threshold_with_counts` with the same ``block``, skips the count read.
     """
     _check(acc, state, capacity)
     shift = low_shift(passes)
@@ -156,8 +166,14 @@ def compact(acc: torch.Tensor, state: torch.Tensor, capacity: int, *, passes: in
     if n == 0:
         return values, indices, count, residual
     num_blocks = triton.cdiv(n, block)
-    counts = torch.empty(2, num_blocks, dtype=torch.int32, device=acc.device)
-    _count_kernel[(num_blocks,)](acc, state, counts, n, num_blocks, LOW=shift, BLOCK=block)
+    if counts is None:
+        counts = torch.empty(2, num_blocks, dtype=torch.int32, device=acc.device)
+        _count_kernel[(num_blocks,)](acc, state, counts, n, num_blocks, LOW=shift, BLOCK=block)
+    elif counts.shape != (2, num_blocks) or counts.dtype != torch.int32:
+        raise ValueError(
+            f"counts: shape {tuple(counts.shape)} {counts.dtype}, expected (2, {num_blocks}) int32; "
+            "compute it with the same block size"
+        )
     before = torch.cumsum(counts, dim=1, dtype=torch.int32) - counts  # exclusive, on the device
     _write_kernel[(num_blocks,)](
         acc, state, before, values, indices, count, residual, n, num_blocks, capacity, LOW=shift, BLOCK=block

@@ -36,7 +36,7 @@ import torch
 
 from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
 
-__all__ = ["INT32_MAX", "abs_key", "low_shift", "topk_threshold", "topk_threshold_torch"]
+__all__ = ["INT32_MAX", "abs_key", "low_shift", "topk_threshold", "topk_threshold_torch", "topk_threshold_with_counts"]
 
 INT32_MAX = 2**31 - 1
 # (shift, width) of the key digit resolved by each pass, most significant first.
@@ -66,7 +66,9 @@ if HAS_TRITON:
         # outputs
         hist_ptr,
         cand_ptr,
+        cand_idx_ptr,
         cand_count_ptr,
+        counts_ptr,
         # constants
         n,
         SHIFT: tl.constexpr,
@@ -97,11 +99,16 @@ if HAS_TRITON:
         # NOTE: flush only non-empty bins: gradients occupy few exponents, so this saves most atomics.
         tl.atomic_add(hist_ptr + bins, h, mask=h > 0)
         if APPEND:
-            # Keep the keys that matched for the next pass, which then reads only these instead of
-            # all of acc. Their order (block arrival) is irrelevant to a histogram.
+            # Keep the (key, index) pairs that matched: the last pass and the compaction counts then
+            # read only these instead of all of acc. Their order (block arrival) does not matter.
             m = match.to(tl.int32)
-            base = tl.atomic_add(cand_count_ptr, tl.sum(m, axis=0))
-            tl.store(cand_ptr + base + tl.cumsum(m, axis=0) - m, key, mask=match)
+            pos = tl.atomic_add(cand_count_ptr, tl.sum(m, axis=0)) + tl.cumsum(m, axis=0) - m
+            tl.store(cand_ptr + pos, key, mask=match)
+            tl.store(cand_idx_ptr + pos, offs, mask=match)
+            # Keys above the prefix are above the final threshold too: this block's share of
+            # "#(key > T)" for the compaction, minus the candidates, which are counted later.
+            above = valid & ((key >> (SHIFT + WIDTH)) > (prefix >> (SHIFT + WIDTH)))
+            tl.store(counts_ptr + tl.program_id(0), tl.sum(above.to(tl.int32), axis=0))
 
     @triton.jit
     def _radix_scan_kernel(
@@ -130,8 +137,31 @@ if HAS_TRITON:
         tl.store(state_ptr, prefix | (d << SHIFT))
         tl.store(state_ptr + 1, k_rem - above)
 
+    @triton.jit
+    def _candidate_count_kernel(
+        # inputs
+        cand_ptr,
+        cand_idx_ptr,
+        cand_count_ptr,
+        state_ptr,
+        # outputs: (2, num_blocks) int32, row 0 holds the above-prefix counts already
+        counts_ptr,
+        # constants
+        num_blocks,
+        COUNT_BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < tl.load(cand_count_ptr)
+        key = tl.load(cand_ptr + offs, mask=valid, other=0)
+        blk = tl.load(cand_idx_ptr + offs, mask=valid, other=0) // COUNT_BLOCK
+        t = tl.load(state_ptr)
+        # NOTE: integer atomics, so the counts do not depend on the candidates' order.
+        tl.atomic_add(counts_ptr + blk, 1, mask=valid & (key > t))
+        tl.atomic_add(counts_ptr + num_blocks + blk, 1, mask=valid & (key == t))
+
 else:  # pragma: no cover - only without Triton
-    _radix_hist_kernel = _radix_scan_kernel = None
+    _radix_hist_kernel = _radix_scan_kernel = _candidate_count_kernel = None
 
 
 def _trivial_state(n: int, k: int, device: torch.device) -> torch.Tensor | None:
@@ -167,11 +197,22 @@ def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4
     """Triton launcher; returns the same (2,) int32 device tensor as :func:`topk_threshold_torch`.
 
     Cost: ``min(passes, 2)`` reads of ``acc`` plus ``passes`` single-program scans, no host sync.
-    With ``passes=3`` the second pass also appends the keys that share the 11-bit prefix (the
-    *candidates*) to a buffer, and the third pass histograms only those: for spread-out
-    gradients that is a few percent of ``n``; if every key shares the prefix (e.g. all zeros)
-    it costs one extra write and read of ``4n`` bytes.
+    With ``passes=3`` the second pass also appends the (key, index) pairs that share the 11-bit
+    prefix (the *candidates*) to a buffer, and the third pass histograms only those: for
+    spread-out gradients that is a few percent of ``n``; if every key shares the prefix (e.g.
+    all zeros) it costs one extra write and read of ``8n`` bytes.
     ``block`` (power of two) is the number of elements per histogram program.
+    """
+    return topk_threshold_with_counts(acc, k, passes=passes, block=block)[0]
+
+
+def topk_threshold_with_counts(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4096):
+    """:func:`topk_threshold` plus, when it comes almost free, the compaction's block counts.
+
+    Returns ``(state, counts)``. With ``passes=3`` and ``0 < k < n``, ``counts`` is the (2,
+    cdiv(n, block)) int32 tensor of ``#(key > T)`` and ``#(key == T)`` per block of ``block``
+    elements, built from the above-prefix counts of pass 2 and the candidates only, which saves
+    :func:`.compact` a full read of ``acc`` (pass it as ``counts=``); otherwise ``None``.
     """
     check_flat("acc", acc, (torch.float32,))
     low_shift(passes)  # validates passes
@@ -181,19 +222,26 @@ def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4
     n = acc.numel()
     trivial = _trivial_state(n, k, acc.device)
     if trivial is not None:
-        return trivial
-    state = torch.empty(2, dtype=torch.int32, device=acc.device)  # written by the first scan
-    hist = torch.zeros(passes, 2048, dtype=torch.int32, device=acc.device)  # one row per pass
-    cand_count = torch.zeros(1, dtype=torch.int32, device=acc.device)
+        return trivial, None
+    dev = acc.device
+    state = torch.empty(2, dtype=torch.int32, device=dev)  # written by the first scan
+    hist = torch.zeros(passes, 2048, dtype=torch.int32, device=dev)  # one row per pass
+    num_blocks = triton.cdiv(n, block)
+    counts = torch.zeros(2, num_blocks, dtype=torch.int32, device=dev) if passes == 3 else None
+    cand_count = torch.zeros(1, dtype=torch.int32, device=dev)
     # NOTE: sized for the worst case (every key shares the prefix); only candidates are written.
-    cand = torch.empty(n if passes == 3 else 0, dtype=torch.int32, device=acc.device)
-    grid = (triton.cdiv(n, block),)
+    cand = torch.empty(2, n if passes == 3 else 0, dtype=torch.int32, device=dev)  # keys, indices
     for p, (shift, width) in enumerate(_DIGITS[:passes]):  # most significant digit first
         first = p == 0
-        _radix_hist_kernel[grid](
-            cand if p == 2 else acc, cand_count, state, hist[p], cand, cand_count, n,
+        _radix_hist_kernel[(num_blocks,)](
+            cand[0] if p == 2 else acc, cand_count, state, hist[p], cand[0], cand[1], cand_count,
+            counts if counts is not None else cand_count, n,
             SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first,
             SRC_IS_KEYS=p == 2, APPEND=p == 1 and passes == 3, BLOCK=block,
         )
         _radix_scan_kernel[(1,)](hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
-    return state
+    if counts is not None:
+        _candidate_count_kernel[(num_blocks,)](
+            cand[0], cand[1], cand_count, state, counts, num_blocks, COUNT_BLOCK=block, BLOCK=block
+        )
+    return state, counts

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .compact import compact, compact_torch
-from .threshold import topk_threshold, topk_threshold_torch
+from .threshold import topk_threshold_torch, topk_threshold_with_counts
 
 __all__ = ["topk_select", "topk_select_torch"]
 
@@ -35,7 +35,10 @@ def topk_select_torch(acc: torch.Tensor, k: int, capacity: int, *, passes: int =
 
 
 def topk_select(acc: torch.Tensor, k: int, capacity: int, *, passes: int = 3, block: int = 4096):
-    """Triton path: ``passes`` histogram reads + 2 compaction reads + 1 residual write; no host sync."""
+    """Triton path, no host sync: 2 histogram reads (+ candidates), 1 compaction read, 1 residual write.
+
+    With ``passes < 3`` (or k = 0 / k >= n) the compaction counts need one more read of ``acc``.
+    """
     _check_k(k)
-    state = topk_threshold(acc, k, passes=passes, block=block)
-    return compact(acc, state, capacity, passes=passes, block=block)
+    state, counts = topk_threshold_with_counts(acc, k, passes=passes, block=block)
+    return compact(acc, state, capacity, passes=passes, block=block, counts=counts)
