@@ -26,8 +26,8 @@ from hetero_strategy.triton_kernels import compact as cp, ef_accumulate as ef, s
 
 P32, I32 = "*fp32", "*i32"
 ptrs = lambda names, t: {n: t for n in names}
-hist = lambda src: {"src_ptr": src, **ptrs(["src_count_ptr", "state_ptr", "hist_ptr", "cand_ptr", "cand_idx_ptr",
-                    "cand_count_ptr", "counts_ptr"], I32), "n": "i32"}
+hist = lambda src: {"src_ptr": src, **ptrs(["src_count_ptr", "state_ptr", "hist_ptr", "cand_ptr", "cand_count_ptr",
+                    "seg_ptr", "counts_ptr"], I32), "n": "i32", "num_blocks": "i32"}
 SPECS = [
     (th._radix_hist_kernel, hist(P32), dict(SHIFT=20, WIDTH=11, NUM_BINS=2048, FIRST=True, SRC_IS_KEYS=False,
                                            APPEND=False, BLOCK=4096)),
@@ -37,8 +37,8 @@ SPECS = [
                                            APPEND=False, BLOCK=4096)),
     (th._radix_scan_kernel, {"hist_ptr": I32, "state_ptr": I32, "k": "i32"}, dict(SHIFT=20, NUM_BINS=2048, FIRST=True)),
     (th._radix_scan_kernel, {"hist_ptr": I32, "state_ptr": I32, "k": "i32"}, dict(SHIFT=0, NUM_BINS=1024, FIRST=False)),
-    (th._candidate_count_kernel, {**ptrs(["cand_ptr", "cand_idx_ptr", "cand_count_ptr", "state_ptr", "counts_ptr"],
-                                         I32), "num_blocks": "i32"}, dict(COUNT_BLOCK=4096, BLOCK=4096)),
+    (th._candidate_count_kernel, {**ptrs(["cand_ptr", "seg_ptr", "state_ptr", "counts_ptr"], I32),
+                                  "num_blocks": "i32"}, dict(BLOCK=4096)),
     (cp._count_kernel, {"acc_ptr": P32, "state_ptr": I32, "counts_ptr": I32, "n": "i32", "num_blocks": "i32"},
      dict(LOW=0, BLOCK=4096)),
     (cp._write_kernel, {"acc_ptr": P32, **ptrs(["state_ptr", "before_ptr"], I32), "values_ptr": P32,

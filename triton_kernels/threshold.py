@@ -66,11 +66,12 @@ if HAS_TRITON:
         # outputs
         hist_ptr,
         cand_ptr,
-        cand_idx_ptr,
         cand_count_ptr,
+        seg_ptr,
         counts_ptr,
         # constants
         n,
+        num_blocks,
         SHIFT: tl.constexpr,
         WIDTH: tl.constexpr,
         NUM_BINS: tl.constexpr,
@@ -99,12 +100,15 @@ if HAS_TRITON:
         # NOTE: flush only non-empty bins: gradients occupy few exponents, so this saves most atomics.
         tl.atomic_add(hist_ptr + bins, h, mask=h > 0)
         if APPEND:
-            # Keep the (key, index) pairs that matched: the last pass and the compaction counts then
-            # read only these instead of all of acc. Their order (block arrival) does not matter.
+            # Keep the keys that matched: the last pass and the compaction counts then read only
+            # these instead of all of acc. Each block appends one contiguous segment (start, length
+            # kept in seg); the order of the segments (block arrival) does not matter.
             m = match.to(tl.int32)
-            pos = tl.atomic_add(cand_count_ptr, tl.sum(m, axis=0)) + tl.cumsum(m, axis=0) - m
-            tl.store(cand_ptr + pos, key, mask=match)
-            tl.store(cand_idx_ptr + pos, offs, mask=match)
+            num = tl.sum(m, axis=0)
+            start = tl.atomic_add(cand_count_ptr, num)
+            tl.store(cand_ptr + start + tl.cumsum(m, axis=0) - m, key, mask=match)
+            tl.store(seg_ptr + tl.program_id(0), start)
+            tl.store(seg_ptr + num_blocks + tl.program_id(0), num)
             # Keys above the prefix are above the final threshold too: this block's share of
             # "#(key > T)" for the compaction, minus the candidates, which are counted later.
             above = valid & ((key >> (SHIFT + WIDTH)) > (prefix >> (SHIFT + WIDTH)))
@@ -141,24 +145,24 @@ if HAS_TRITON:
     def _candidate_count_kernel(
         # inputs
         cand_ptr,
-        cand_idx_ptr,
-        cand_count_ptr,
+        seg_ptr,
         state_ptr,
-        # outputs: (2, num_blocks) int32, row 0 holds the above-prefix counts already
+        # outputs: (2, num_blocks) int32; row 0 holds the above-prefix counts of pass 2 already
         counts_ptr,
         # constants
         num_blocks,
-        COUNT_BLOCK: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < tl.load(cand_count_ptr)
-        key = tl.load(cand_ptr + offs, mask=valid, other=0)
-        blk = tl.load(cand_idx_ptr + offs, mask=valid, other=0) // COUNT_BLOCK
+        # One program per block of acc: its candidates (at most BLOCK) are one contiguous segment.
+        pid = tl.program_id(0)
+        start = tl.load(seg_ptr + pid)
+        offs = tl.arange(0, BLOCK)
+        valid = offs < tl.load(seg_ptr + num_blocks + pid)
+        key = tl.load(cand_ptr + start + offs, mask=valid, other=0)
         t = tl.load(state_ptr)
-        # NOTE: integer atomics, so the counts do not depend on the candidates' order.
-        tl.atomic_add(counts_ptr + blk, 1, mask=valid & (key > t))
-        tl.atomic_add(counts_ptr + num_blocks + blk, 1, mask=valid & (key == t))
+        above = tl.load(counts_ptr + pid)
+        tl.store(counts_ptr + pid, above + tl.sum((valid & (key > t)).to(tl.int32), axis=0))
+        tl.store(counts_ptr + num_blocks + pid, tl.sum((valid & (key == t)).to(tl.int32), axis=0))
 
 else:  # pragma: no cover - only without Triton
     _radix_hist_kernel = _radix_scan_kernel = _candidate_count_kernel = None
@@ -197,10 +201,10 @@ def topk_threshold(acc: torch.Tensor, k: int, *, passes: int = 3, block: int = 4
     """Triton launcher; returns the same (2,) int32 device tensor as :func:`topk_threshold_torch`.
 
     Cost: ``min(passes, 2)`` reads of ``acc`` plus ``passes`` single-program scans, no host sync.
-    With ``passes=3`` the second pass also appends the (key, index) pairs that share the 11-bit
+    With ``passes=3`` the second pass also appends the keys that share the 11-bit
     prefix (the *candidates*) to a buffer, and the third pass histograms only those: for
     spread-out gradients that is a few percent of ``n``; if every key shares the prefix (e.g.
-    all zeros) it costs one extra write and read of ``8n`` bytes.
+    all zeros) it costs one extra write and two reads of ``4n`` bytes.
     ``block`` (power of two) is the number of elements per histogram program.
     """
     return topk_threshold_with_counts(acc, k, passes=passes, block=block)[0]
@@ -230,18 +234,17 @@ def topk_threshold_with_counts(acc: torch.Tensor, k: int, *, passes: int = 3, bl
     counts = torch.zeros(2, num_blocks, dtype=torch.int32, device=dev) if passes == 3 else None
     cand_count = torch.zeros(1, dtype=torch.int32, device=dev)
     # NOTE: sized for the worst case (every key shares the prefix); only candidates are written.
-    cand = torch.empty(2, n if passes == 3 else 0, dtype=torch.int32, device=dev)  # keys, indices
+    cand = torch.empty(n if passes == 3 else 0, dtype=torch.int32, device=dev)  # candidate keys
+    seg = torch.empty(2, num_blocks if passes == 3 else 0, dtype=torch.int32, device=dev)  # start, length
     for p, (shift, width) in enumerate(_DIGITS[:passes]):  # most significant digit first
         first = p == 0
         _radix_hist_kernel[(num_blocks,)](
-            cand[0] if p == 2 else acc, cand_count, state, hist[p], cand[0], cand[1], cand_count,
-            counts if counts is not None else cand_count, n,
+            cand if p == 2 else acc, cand_count, state, hist[p], cand, cand_count, seg,
+            counts if counts is not None else cand_count, n, num_blocks,
             SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first,
             SRC_IS_KEYS=p == 2, APPEND=p == 1 and passes == 3, BLOCK=block,
         )
         _radix_scan_kernel[(1,)](hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
     if counts is not None:
-        _candidate_count_kernel[(num_blocks,)](
-            cand[0], cand[1], cand_count, state, counts, num_blocks, COUNT_BLOCK=block, BLOCK=block
-        )
+        _candidate_count_kernel[(num_blocks,)](cand, seg, state, counts, num_blocks, BLOCK=block)
     return state, counts
