@@ -74,14 +74,18 @@ def test_forcing_triton_under_the_interpreter_runs_the_kernels(how, monkeypatch,
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_argument_beats_setter_beats_env(monkeypatch):
+def test_argument_beats_setter_beats_env_and_auto_defers(monkeypatch):
     t = torch.zeros(2)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     assert dispatch.backend_for(t) == "triton"
+    assert dispatch.backend_for(t, backend="auto") == "triton"  # an "auto" argument defers to the env
     dispatch.set_backend("torch")
     assert dispatch.backend_for(t) == "torch"
     assert dispatch.backend_for(t, backend="triton") == "triton"
-    assert dispatch.backend_for(t, backend="auto") == "torch"  # auto: CPU tensor -> torch
+    dispatch.set_backend("auto")  # defers to the env as well
+    assert dispatch.backend_for(t, backend="auto") == "triton"
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    assert dispatch.backend_for(t, backend="auto") == "torch"  # all auto: CPU tensor -> torch
 
 
 def test_forced_triton_on_cpu_without_interpreter_is_refused(monkeypatch):

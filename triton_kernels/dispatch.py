@@ -2,10 +2,13 @@
 
 Choice per call, first match wins:
 
-1. the ``backend=`` argument of the call (``"auto"``, ``"torch"`` or ``"triton"``);
+1. the ``backend=`` argument of the call, if ``"torch"`` or ``"triton"``;
 2. :func:`set_backend` (a config can force a backend process-wide; ``None`` clears it);
 3. the environment variable ``HETERO_KERNELS`` (``auto|torch|triton``);
 4. ``"auto"``: Triton for CUDA tensors when Triton imports, the torch reference otherwise.
+
+An ``"auto"`` (or ``None``) at any level means "no preference here" and defers to the next one,
+so hooks that pass their config's default ``backend="auto"`` still honour ``HETERO_KERNELS``.
 
 Forcing ``"triton"`` on a CPU tensor is allowed only under ``TRITON_INTERPRET=1`` (that is how
 the tests run the kernels on CPU); otherwise it raises, as it does when Triton is missing.
@@ -57,7 +60,7 @@ def set_backend(name: str | None) -> None:
 
 def get_backend() -> str:
     """The process-wide choice before per-tensor resolution: set_backend, else HETERO_KERNELS, else auto."""
-    if _override is not None:
+    if _override is not None and _override != "auto":
         return _override
     return _validate(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
 
@@ -78,7 +81,9 @@ def _interpreter_on() -> bool:
 
 def backend_for(t: Tensor, backend: str | None = None) -> str:
     """``"triton"`` or ``"torch"`` for tensor ``t``, following the rules in the module docstring."""
-    choice = _validate(backend, "backend") if backend is not None else get_backend()
+    choice = _validate(backend, "backend") if backend is not None else "auto"
+    if choice == "auto":
+        choice = get_backend()
     if choice == "torch":
         return "torch"
     if choice == "auto":
