@@ -55,7 +55,7 @@ def _assert_selection(acc, k, capacity, passes=3):
 def test_topk_matches_oracle_and_reference(n):
     g = torch.Generator().manual_seed(n)
     acc = torch.randn(n, generator=g)
-    for k in sorted({0, 1, max(1, n // 10), n}):
+    for k in sorted({0, 1, max(1, n // 10), n, n + 3}):
         _assert_selection(acc, k, capacity=max(k, 1))
 
 
@@ -88,6 +88,7 @@ def test_all_zero_and_signed_zero():
     acc[::3] = -0.0
     _values, indices, count, _residual = _assert_selection(acc, 5, capacity=8)
     assert indices[:5].tolist() == [0, 1, 2, 3, 4] and count.item() == 5
+    _assert_selection(torch.zeros(0), 3, capacity=2)  # empty bucket: nothing to send
 
 
 def test_nan_and_inf_are_always_sent():

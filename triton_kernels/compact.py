@@ -98,7 +98,7 @@ if HAS_TRITON:
         tl.store(values_ptr + pos, x, mask=sent)
         tl.store(indices_ptr + pos, offs, mask=sent)
         tl.store(residual_ptr + offs, tl.where(sent, 0.0, x), mask=valid)
-        tl.atomic_add(count_ptr, tl.sum(sent.to(tl.int32), axis=0))
+        tl.atomic_add(count_ptr, tl.sum(sent.to(tl.int32), axis=0), sem="relaxed")
 
 else:  # pragma: no cover - only without Triton
     _count_kernel = _write_kernel = None

@@ -35,7 +35,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _scatter_add_kernel(
-        # inputs
+        # inputs: this row's payload (row views, so no row * width offset can overflow int32)
         values_ptr,
         indices_ptr,
         weights_ptr,
@@ -50,14 +50,14 @@ if HAS_TRITON:
     ):
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         in_row = cols < width
-        v = tl.load(values_ptr + row * width + cols, mask=in_row, other=0.0).to(tl.float32)
-        idx = tl.load(indices_ptr + row * width + cols, mask=in_row, other=0)
+        v = tl.load(values_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+        idx = tl.load(indices_ptr + cols, mask=in_row, other=0)
         if HAS_WEIGHTS:
             v = v * tl.load(weights_ptr + row).to(tl.float32)
         live = in_row & (v != 0.0) & (idx >= 0) & (idx < n)  # NaN != 0: NaNs are added
         # NOTE: atomics only for memory safety; indices are unique within a row, so the sum is
         # order-free and the row-by-row launches make the whole result deterministic.
-        tl.atomic_add(out_ptr + idx, v, mask=live)
+        tl.atomic_add(out_ptr + idx, v, mask=live, sem="relaxed")
 
 else:  # pragma: no cover - only without Triton
     _scatter_add_kernel = None
@@ -104,7 +104,7 @@ def scatter_add(out, values, indices, weights=None, *, block: int = 1024):
     grid = (triton.cdiv(width, block),)
     for r in range(rows):
         _scatter_add_kernel[grid](
-            values, indices, weights if weights is not None else out, out, r, width, out.numel(),
+            values[r], indices[r], weights if weights is not None else out, out, r, width, out.numel(),
             HAS_WEIGHTS=weights is not None, BLOCK=block, enable_fp_fusion=False,
         )
     return out
