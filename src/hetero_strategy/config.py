@@ -180,6 +180,12 @@ class CompressionConfig:
     """Top-K kernels: auto (Triton on GPU when available, else torch), triton, or torch."""
     powersgd_rank: int = 4
     """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
+    hierarchical: bool = False
+    """topk/tiered: dense all-reduce inside each fast group (node), compressed exchange between the
+    groups' leaders, then a broadcast inside each group."""
+    fast_groups: list[list[int]] | None = None
+    """Ranks joined by fast links, e.g. [[0, 1], [2, 3]]; None groups ranks by host (and network
+    namespace). Used when hierarchical is true."""
 
     def __post_init__(self) -> None:
         if self.method not in COMPRESSION_METHODS:
@@ -216,6 +222,28 @@ class CompressionConfig:
         if self.compression_backend not in ("auto", "triton", "torch"):
             _fail("compression_backend", self.compression_backend, "choose auto, triton or torch")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
+        if not isinstance(self.hierarchical, bool):
+            _fail("hierarchical", self.hierarchical, "must be true or false")
+        if self.hierarchical and self.method not in ("topk", "tiered"):
+            _fail("hierarchical", self.hierarchical, "works with compression='topk' or 'tiered' only")
+        self._check_fast_groups()
+
+    def _check_fast_groups(self) -> None:
+        groups = self.fast_groups
+        if groups is None:
+            return
+        seen: set[int] = set()
+        if not isinstance(groups, (list, tuple)) or not groups:
+            _fail("fast_groups", groups, "give a list of rank lists, e.g. [[0, 1], [2, 3]]")
+        for i, g in enumerate(groups):
+            if not isinstance(g, (list, tuple)) or not g:
+                _fail(f"fast_groups[{i}]", g, "each group is a non-empty list of ranks")
+            for r in g:
+                if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r in seen:
+                    _fail(f"fast_groups[{i}]", g, "ranks must be distinct integers >= 0, each in one group")
+                seen.add(r)
+        if seen != set(range(len(seen))):
+            _fail("fast_groups", groups, f"the groups must cover ranks 0..{len(seen) - 1} exactly once")
 
     @staticmethod
     def _check_int(name: str, value: Any, low: int, why: str) -> None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate
+from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.tiers import TierPolicy, gather_tiers, resolve_tier, tier_policy
@@ -54,7 +55,7 @@ class CompressedState(WeightedReduceState):
 
     __slots__ = [  # grouped by role, as in PyTorch's hook states
         # hyper-parameters
-        "config", "schedule", "policies", "tiers", "rank", "world",
+        "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier",
         # internal state
         "memory", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
         # stats
@@ -76,10 +77,22 @@ class CompressedState(WeightedReduceState):
         self.config = config
         self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
         self.world = comm.world_size(process_group)
+        self.exchange_group, self.hier = process_group, None
+        if config.hierarchical and self.world > 1:
+            if process_group is not None:
+                raise ValueError("hierarchical=True is invalid with a custom process_group: it groups the "
+                                 "default group's ranks; pass process_group=None")
+            self.hier = build_fast_groups(config.fast_groups)
+            # leaders run the compressed exchange among themselves; the rest only reduce densely
+            self.exchange_group = self.hier.cross
+            self.rank, self.world = self.hier.leaders.index(self.hier.leader), len(self.hier.leaders)
         period = config.density_period or (max_steps if max_steps and max_steps > 0 else 1000)
         self.schedule = DensitySchedule(config.base_density, config.min_density, config.dense_warmup_steps,
                                         period, cosine=config.density_schedule == "cosine")
-        self.tiers, self.policies = self._policies(config, process_group)
+        if self.hier is None or self.hier.is_leader:
+            self.tiers, self.policies = self._policies(config, self.exchange_group)
+        else:  # never compresses: its group's leader does
+            self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.memory = ResidualMemory()
         self.total_numel: int | None = None
         self._numel_seen = 0
@@ -92,10 +105,13 @@ class CompressedState(WeightedReduceState):
     def _policies(self, config: CompressionConfig, group) -> "tuple[list[str] | None, list[TierPolicy]]":
         if config.method != "tiered":
             return None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
-        if config.tiers is not None and len(config.tiers) != self.world:
+        world = comm.world_size(None if self.hier is not None else group)
+        if config.tiers is not None and len(config.tiers) != world:
             raise ValueError(f"tiers={config.tiers!r} is invalid: {len(config.tiers)} entries for "
-                             f"{self.world} ranks; give one tier per rank")
-        mine = resolve_tier(config.tiers[self.rank] if config.tiers else config.tier, group)
+                             f"{world} ranks; give one tier per rank")
+        me = dist.get_rank(group) if self.hier is None and dist.is_initialized() else (
+            dist.get_rank() if dist.is_initialized() else 0)
+        mine = resolve_tier(config.tiers[me] if config.tiers else config.tier, group)
         tiers = gather_tiers(mine, group)
         return tiers, [tier_policy(t, config.tier_overrides) for t in tiers]
 
@@ -219,13 +235,20 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     step = state.step
     state.record_bucket(bucket)
     mode = state.mode(step)
-    policy = state.policies[state.rank]
-    if mode == "warmup" or policy.tier_factor is None:
+    if mode == "warmup" or (state.hier is None and state.policies[state.rank].tier_factor is None):
         return _warmup(state, bucket, mode)
+    state._scale(bucket, clip=True)
+    if state.hier is not None:
+        return _hierarchical(state, bucket, step, mode)
+    return _compress(state, bucket, step, mode)
+
+
+def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
+    """Steps 1-4 of :func:`topk_hook` on an already weighted bucket, over ``state.exchange_group``."""
     buf, grads = bucket.buffer(), bucket.gradients()
+    policy = state.policies[state.rank]
     sizes = [g.numel() for g in grads]
     sparse, ks, caps = state.plan(step, sizes) if mode == "compressed" else ([False] * len(sizes), sizes, sizes)
-    state._scale(bucket, clip=True)
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
     acc = ef_accumulate(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32
     marker = _nonfinite_marker(acc)
@@ -233,7 +256,10 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     dense_parts, values, indices, offset, sent_entries = [], [], [], 0, 0
     for n, is_sparse, k, cap in zip(sizes, sparse, ks, caps):
         seg = acc[offset:offset + n]
-        if is_sparse:
+        if is_sparse and k == 0:  # skipping: padding only, everything stays in the residual
+            values.append(torch.zeros(cap, dtype=torch.float32, device=acc.device))
+            indices.append(torch.full((cap,), offset, dtype=torch.int32, device=acc.device))
+        elif is_sparse:
             v, i, r = TopKCodec.select(seg, k, cap, state.config.compression_backend)
             values.append(v)
             indices.append(i.add_(offset))  # bucket-relative; padding points at this segment's start
@@ -249,10 +275,39 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     return _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
 
 
+def _hierarchical(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
+    """Dense sum inside the fast group, compressed exchange between leaders, broadcast back.
+
+    NOTE: the leader needs the group sum before compressing and the exchanged result before
+    broadcasting, so it waits on both futures here (on NCCL a stream wait, not a host sync; on
+    gloo this serialises the buckets' communication).
+    """
+    h, buf = state.hier, bucket.buffer()
+    numel_bytes = buf.numel() * buf.element_size()
+    fut, sent = comm.all_reduce(buf, h.intra)
+    fut.wait()
+    # the broadcast's bytes are counted now: the step's totals close inside _compress
+    state._acc_sent += sent + numel_bytes
+    state._acc_recv += sent + numel_bytes
+    if h.is_leader:
+        if state.policies[state.rank].tier_factor is None:  # dense link between leaders
+            fut, sent = comm.all_reduce(buf, state.exchange_group)
+            state._account(bucket, "dense", sent, buf.numel())
+            fut.wait()
+            result = buf
+        else:
+            result = _compress(state, bucket, step, mode).wait()
+    else:
+        result = torch.empty_like(buf)
+        state._account(bucket, mode, 0, buf.numel())
+    work = dist.broadcast(result, src=h.leader, group=h.intra, async_op=True)
+    return work.get_future().then(lambda _f: result)
+
+
 def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries):
     """Issue the (at most two) collectives now, in the same order on every rank; decode later."""
     buf = bucket.buffer()
-    numel, dtype, group = buf.numel(), buf.dtype, state.process_group
+    numel, dtype, group = buf.numel(), buf.dtype, state.exchange_group
     gathered = reduced = None
     futs, nbytes = [], 0
     if values:  # marker rides in the gather when there is one, else in the all-reduce

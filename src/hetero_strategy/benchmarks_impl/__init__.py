@@ -1,0 +1,6 @@
+"""Benchmark implementations behind ``hetero-strategy bench <mode>`` (one module per mode).
+
+Example::
+
+    hetero-strategy bench compression --json benchmarks/results/compression.json
+"""
