@@ -41,7 +41,7 @@ SPECS = [
                                   "num_blocks": "i32"}, dict(BLOCK=4096)),
     (cp._count_kernel, {"acc_ptr": P32, "state_ptr": I32, "counts_ptr": I32, "n": "i32", "num_blocks": "i32"},
      dict(LOW=0, BLOCK=4096)),
-    (cp._write_kernel, {"acc_ptr": P32, **ptrs(["state_ptr", "before_ptr"], I32), "values_ptr": P32,
+    (cp._write_kernel, {"acc_ptr": P32, **ptrs(["state_ptr", "counts_ptr", "incl_ptr"], I32), "values_ptr": P32,
                         **ptrs(["indices_ptr", "count_ptr"], I32), "residual_ptr": P32, "n": "i32",
                         "num_blocks": "i32", "capacity": "i32"}, dict(LOW=10, BLOCK=4096)),
     (ef._ef_accumulate_kernel, {"grad_ptr": "*bf16", "residual_ptr": P32, "acc_ptr": P32, "gamma": "fp32",

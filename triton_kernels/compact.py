@@ -10,7 +10,7 @@ Given the ``state = [threshold_key, take_equal]`` of :mod:`.threshold`, one pass
 
 Order is made deterministic by a per-block prefix count: a count kernel stores each block's
 number of ``key > threshold`` and ``key == threshold`` elements, ``torch.cumsum`` turns them
-into exclusive block offsets on the device, and the write kernel adds an in-block prefix sum.
+into block offsets on the device, and the write kernel adds an in-block prefix sum.
 
 Capacity overflow: if more than ``capacity`` elements are selected, the first ``capacity`` in
 index order are sent and the rest **stay in the residual** (nothing is lost; ``count ==
@@ -70,7 +70,8 @@ if HAS_TRITON:
         # inputs
         acc_ptr,
         state_ptr,
-        before_ptr,  # (2, num_blocks) int32 exclusive block offsets of the counts above
+        counts_ptr,  # (2, num_blocks) int32 per-block #(key > T), #(key == T)
+        incl_ptr,  # (2, num_blocks) int32 their inclusive cumulative sums over blocks
         # outputs
         values_ptr,
         indices_ptr,
@@ -87,8 +88,8 @@ if HAS_TRITON:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         x, gt, eq, valid = _select_masks(acc_ptr, state_ptr, offs, n, LOW)
         take_eq = tl.load(state_ptr + 1)
-        gt_before = tl.load(before_ptr + pid)
-        eq_before = tl.load(before_ptr + num_blocks + pid)
+        gt_before = tl.load(incl_ptr + pid) - tl.load(counts_ptr + pid)
+        eq_before = tl.load(incl_ptr + num_blocks + pid) - tl.load(counts_ptr + num_blocks + pid)
         eq_i = eq.to(tl.int32)
         eq_rank = eq_before + tl.cumsum(eq_i, axis=0) - eq_i  # rank among ties, index order
         take = gt | (eq & (eq_rank < take_eq))
@@ -114,10 +115,12 @@ def _check(acc: torch.Tensor, state: torch.Tensor, capacity: int) -> None:
 
 
 def _empty_outputs(acc: torch.Tensor, capacity: int):
-    values = torch.zeros(capacity, dtype=torch.float32, device=acc.device)  # (capacity,) fp32
-    indices = torch.zeros(capacity, dtype=torch.int32, device=acc.device)  # (capacity,) int32
-    count = torch.zeros((), dtype=torch.int32, device=acc.device)
-    return values, indices, count
+    # NOTE: one zero-fill for all three (a launch saved per bucket): values, indices and count are
+    # views of one int32 buffer; the bits of int32 0 are fp32 +0.0.
+    buf = torch.zeros(2 * capacity + 1, dtype=torch.int32, device=acc.device)
+    values = buf[:capacity].view(torch.float32)  # (capacity,) fp32
+    indices = buf[capacity : 2 * capacity]  # (capacity,) int32
+    return values, indices, buf[2 * capacity]
 
 
 def compact_torch(acc: torch.Tensor, state: torch.Tensor, capacity: int, *, passes: int = 3):
@@ -174,8 +177,9 @@ def compact(
             f"counts: shape {tuple(counts.shape)} {counts.dtype}, expected (2, {num_blocks}) int32; "
             "compute it with the same block size"
         )
-    before = torch.cumsum(counts, dim=1, dtype=torch.int32) - counts  # exclusive, on the device
+    incl = torch.cumsum(counts, dim=1, dtype=torch.int32)  # (2, num_blocks), on the device
     _write_kernel[(num_blocks,)](
-        acc, state, before, values, indices, count, residual, n, num_blocks, capacity, LOW=shift, BLOCK=block
+        acc, state, counts, incl, values, indices, count, residual, n, num_blocks, capacity,
+        LOW=shift, BLOCK=block,
     )
     return values, indices, count, residual

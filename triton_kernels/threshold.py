@@ -230,10 +230,12 @@ def topk_threshold_with_counts(acc: torch.Tensor, k: int, *, passes: int = 3, bl
         return trivial, None
     dev = acc.device
     state = torch.empty(2, dtype=torch.int32, device=dev)  # written by the first scan
-    hist = torch.zeros(passes, 2048, dtype=torch.int32, device=dev)  # one row per pass
     num_blocks = triton.cdiv(n, block)
-    counts = torch.zeros(2, num_blocks, dtype=torch.int32, device=dev) if passes == 3 else None
-    cand_count = torch.zeros(1, dtype=torch.int32, device=dev)
+    # NOTE: one zero-fill for every zero-initialised buffer (a launch costs more than the bytes).
+    zeros = torch.zeros(passes * 2048 + 1 + (2 * num_blocks if passes == 3 else 0), dtype=torch.int32, device=dev)
+    hist = zeros[: passes * 2048].view(passes, 2048)  # one row per pass
+    cand_count = zeros[passes * 2048 : passes * 2048 + 1]
+    counts = zeros[passes * 2048 + 1 :].view(2, num_blocks) if passes == 3 else None
     # NOTE: sized for the worst case (every key shares the prefix); only candidates are written.
     cand = torch.empty(n if passes == 3 else 0, dtype=torch.int32, device=dev)  # candidate keys
     seg = torch.empty(2, num_blocks if passes == 3 else 0, dtype=torch.int32, device=dev)  # start, length
