@@ -15,7 +15,7 @@ The result is a (2,) int32 device tensor ``state = [threshold_key, take_equal]``
 That selects **exactly k** elements, ties broken by lower index. ``passes=3`` resolves all 31
 key bits (the exact top-k by magnitude); ``passes=2`` (or 1) compares keys truncated to their
 top 21 (11) bits, i.e. magnitudes within a relative 2^-13 (2^-3) of the k-th one count as ties
-and are taken in index order: one pass less to read, still exactly k selected. Keys are always
+and are taken in index order, still exactly k selected. Keys are always
 compared after ``>> low_shift(passes)``; ``threshold_key`` holds the kept bits in place.
 Special cases: ``k <= 0`` gives ``[INT32_MAX, 0]`` (nothing selected), ``k >= n`` gives
 ``[-1, 0]`` (everything selected).
@@ -237,8 +237,9 @@ def topk_threshold_with_counts(acc: torch.Tensor, k: int, *, passes: int = 3, bl
     cand_count = zeros[passes * 2048 : passes * 2048 + 1]
     counts = zeros[passes * 2048 + 1 :].view(2, num_blocks) if passes == 3 else None
     # NOTE: sized for the worst case (every key shares the prefix); only candidates are written.
-    cand = torch.empty(n if passes == 3 else 0, dtype=torch.int32, device=dev)  # candidate keys
-    seg = torch.empty(2, num_blocks if passes == 3 else 0, dtype=torch.int32, device=dev)  # start, length
+    # Without them a small live buffer stands in: Triton refuses null (empty-tensor) pointers on CUDA.
+    cand = torch.empty(n, dtype=torch.int32, device=dev) if passes == 3 else zeros  # candidate keys
+    seg = torch.empty(2, num_blocks, dtype=torch.int32, device=dev) if passes == 3 else zeros  # start, len
     for p, (shift, width) in enumerate(_DIGITS[:passes]):  # most significant digit first
         first = p == 0
         _radix_hist_kernel[(num_blocks,)](
