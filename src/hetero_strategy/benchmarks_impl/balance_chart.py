@@ -1,0 +1,51 @@
+"""PNG of the balance benchmark: throughput vs the ideal, and each rank's step split into
+compute, all-reduce and waiting (per mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["balance_chart"]
+
+_LABELS = {"ddp": "DDP", "hetero": "hetero (static probe)", "hetero_cal": "hetero (calibrated)"}
+
+
+def balance_chart(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = result["rounds"][-1]["modes"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = ["ideal"] + [_LABELS[m] for m in modes]
+    values = [result["ideal_samples_per_s"]] + [result[f"{m}_samples_per_s"] for m in modes]
+    ax1.bar(names, values, color=["#999999", "#d62728", "#1f77b4", "#2ca02c"][: len(values)])
+    for x, v in enumerate(values):
+        ax1.text(x, v, f"{v:.0f}\n({v / values[0]:.2f}x ideal)", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("samples/s (global)")
+    ax1.set_title("Throughput (median over rounds)")
+    ax1.tick_params(axis="x", labelsize=8)
+    speeds, t_ar = result["solo_samples_per_s"], result["t_ar_s"]
+    labels, comp, comm, wait = [], [], [], []
+    for m, fig_m in modes.items():
+        for r, b in enumerate(fig_m["batch_sizes"]):
+            c = b / speeds[r]
+            labels.append(f"{_LABELS[m].split(' ')[0]}{'*' if m == 'hetero_cal' else ''} r{r} (b={b})")
+            comp.append(c)
+            comm.append(min(t_ar, max(0.0, fig_m["step_s"] - c)))
+            wait.append(max(0.0, fig_m["step_s"] - c - t_ar))
+    y = range(len(labels))
+    ax2.barh(y, comp, color="#1f77b4", label="compute (solo speed)")
+    ax2.barh(y, comm, left=comp, color="#ff7f0e", label="bare all-reduce t_ar")
+    ax2.barh(y, wait, left=[a + b for a, b in zip(comp, comm)], color="#d62728", label="waiting / overhead")
+    ax2.set_yticks(list(y), labels, fontsize=8)
+    ax2.invert_yaxis()
+    ax2.set_xlabel("seconds per step (last round; * = calibrated from equal shares)")
+    ax2.legend(fontsize=8, loc="lower right")
+    ax2.set_title("Per-rank step")
+    tag = " [SIMULATED]" if result["emulation"] == "simulated" else ""
+    fig.suptitle(f"Balance benchmark: compute {result['config']['compute']}, links {result['config']['link']}{tag}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

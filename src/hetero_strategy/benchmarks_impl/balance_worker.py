@@ -1,0 +1,159 @@
+"""One rank of ``hetero-strategy bench balance`` (started by the emulator, torchrun-style env).
+
+Modes (each a separate launch, so every mode starts from the same state):
+
+* ``solo`` — this rank's speed in the same Lightning training loop run as a single process (no
+  communication; both ranks run at once, each on its own core, as in training), then the bare
+  all-reduce of a tensor the size of the model's gradient over gloo (t_ar).
+* ``ddp`` / ``hetero`` / ``hetero_cal`` — Lightning training with ``strategy="ddp"``,
+  ``HeteroStrategy()`` (static probe) or ``HeteroStrategy(batch_sizes=[B]*N, calibrate=True)``;
+  every rank records the start time of each step, its batch size and (hetero) its compute time.
+
+Example::
+
+    python -m hetero_strategy.benchmarks_impl.balance_worker --mode ddp --steps 30 --out /tmp/ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+__all__ = ["main", "resnet18_32"]
+
+
+def _train_data(batch: int, world: int, steps: int):
+    """Digits upsampled to 32x32, repeated so one epoch covers the run (no epoch-boundary stalls)."""
+    from torch.utils.data import TensorDataset
+
+    from hetero_strategy.workloads.digits import digits_datasets
+
+    train, _ = digits_datasets(size=32)
+    x, y = train.tensors
+    reps = max(1, -(-(steps + 2) * batch * world // len(y)))
+    return TensorDataset(x.repeat(reps, 1, 1, 1), y.repeat(reps))
+
+
+def resnet18_32() -> torch.nn.Module:
+    """torchvision ResNet-18 with its own stem (7x7/2 + max-pool) on 1-channel 32x32 digits.
+
+    NOTE: the CIFAR-style stem (3x3/1, no pool) costs 16x the FLOPs at 32x32; this is the model
+    the issue's anchor (0.33 s per step at batch 128 on one core) was measured with.
+    """
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(num_classes=10)
+    net.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return net
+
+
+_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+def _solo(args: argparse.Namespace) -> dict:
+    """This rank's solo training speed (the same Lightning loop, one process), then t_ar."""
+    import torch.distributed as dist
+
+    # Lightning must see a single-process run: hide the launcher's variables for the solo fit.
+    saved = {k: os.environ.pop(k) for k in _LAUNCHER_ENV if k in os.environ}
+    try:
+        solo = _fit("solo", args, world=1)
+    finally:
+        os.environ.update(saved)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    grad = torch.zeros(sum(p.numel() for p in resnet18_32().parameters()))  # (P,) the whole gradient
+    ar = []
+    for i in range(args.ar_reps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(grad)
+        if i >= 1:  # the first call sets up gloo's buffers
+            ar.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    solo.update(t_ar_s=statistics.median(ar), ar_times=ar, grad_bytes=grad.numel() * 4)
+    return solo
+
+
+def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy import HeteroStrategy
+    from hetero_strategy.workloads.digits import DigitsClassifier
+
+    L.seed_everything(0, verbose=False)
+    clock = _StepClock()
+    steps = args.solo_steps if mode == "solo" else args.steps
+    if mode == "solo":
+        strategy = "auto"
+    elif mode == "ddp":
+        strategy = "ddp"
+    elif mode == "hetero":
+        strategy = HeteroStrategy(probe_steps=3)
+    else:
+        strategy = HeteroStrategy(batch_sizes=[args.batch] * world, calibrate=True, cold_start_steps=args.cold_start,
+                                  recalibrate_every=args.recalibrate_every, window=args.window)
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
+    loader = DataLoader(_train_data(args.batch, world, steps), batch_size=args.batch, shuffle=True,
+                        drop_last=True)
+    model = DigitsClassifier(arch="mlp", lr=0.02)
+    model.net = resnet18_32()
+    trainer.fit(model, loader)
+    out = {"mode": mode, "starts": clock.starts, "batches": clock.batches}
+    if mode in ("hetero", "hetero_cal"):
+        out["compute_s"] = [c for c, _ in trainer.strategy.timer.history]
+        balancer = getattr(trainer.strategy, "balancer", None)
+        if balancer is not None:
+            out["decisions"] = balancer.calibrator.decisions
+        out["final_sizes"] = list(trainer.strategy.sampler.batch_sizes)
+    return out
+
+
+class _StepClock(L.Callback):
+    """Start time and local batch size of every training step on this rank."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.batches: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.starts.append(time.perf_counter())
+        self.batches.append(len(batch[0]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.starts.append(time.perf_counter())  # closes the last step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--mode", choices=("solo", "ddp", "hetero", "hetero_cal"), required=True)
+    p.add_argument("--out", required=True, help="directory; this rank writes <mode>_r<RANK>.json there")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--solo-steps", type=int, default=12)
+    p.add_argument("--ar-reps", type=int, default=5)
+    p.add_argument("--cold-start", type=int, default=5)
+    p.add_argument("--recalibrate-every", type=int, default=10)
+    p.add_argument("--window", type=int, default=20)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    result = _solo(args) if args.mode == "solo" else _fit(args.mode, args, world)
+    result["rank"] = int(os.environ.get("RANK", "0"))
+    Path(args.out, f"{args.mode}_r{result['rank']}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
