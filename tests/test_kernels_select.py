@@ -91,6 +91,15 @@ def test_all_zero_and_signed_zero():
     _assert_selection(torch.zeros(0), 3, capacity=2)  # empty bucket: nothing to send
 
 
+def test_mostly_zero_bucket_threshold_above_and_among_zeros():
+    # Like an embedding gradient: ~90% exact zeros (counted apart from the histogram atomics).
+    g = torch.Generator().manual_seed(8)
+    acc = torch.randn(1000, generator=g) * (torch.rand(1000, generator=g) < 0.1)
+    nonzero = int(torch.count_nonzero(acc))
+    for k in (1, nonzero - 1, nonzero, nonzero + 1, 600):
+        _assert_selection(acc, k, capacity=k)
+
+
 def test_nan_and_inf_are_always_sent():
     acc = torch.randn(200, generator=torch.Generator().manual_seed(2))
     acc[[150, 3, 77]] = float("nan")

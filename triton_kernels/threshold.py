@@ -95,8 +95,13 @@ if HAS_TRITON:
             # Only elements whose higher digits equal the prefix picked by earlier passes count.
             prefix = tl.load(state_ptr)
             match = valid & ((key >> (SHIFT + WIDTH)) == (prefix >> (SHIFT + WIDTH)))
-        h = tl.histogram(digit, NUM_BINS, mask=match)  # (NUM_BINS,) int32, block-local
+        # NOTE: the histogram is one shared-memory atomic per element, which serialises when a
+        # warp's keys share a bin. Exact zeros (untouched embedding rows, dead units) are the common
+        # such case, so they are counted with a reduction instead and added to bin 0.
+        zero = match & (key == 0)
+        h = tl.histogram(digit, NUM_BINS, mask=match & (key != 0))  # (NUM_BINS,) int32, block-local
         bins = tl.arange(0, NUM_BINS)
+        h += tl.where(bins == 0, tl.sum(zero.to(tl.int32), axis=0), 0)
         # NOTE: flush only non-empty bins: gradients occupy few exponents, so this saves most atomics.
         # Relaxed order is enough: nothing reads the histogram before this kernel has finished.
         tl.atomic_add(hist_ptr + bins, h, mask=h > 0, sem="relaxed")
