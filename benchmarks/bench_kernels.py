@@ -181,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
             print("bench_kernels: no CUDA device here; this benchmark times GPU kernels. "
                   "Run it on a GPU machine, or use --dry-run to check the setup on the CPU.", file=sys.stderr)
             return 2
+        from hetero_strategy.triton_kernels._common import interpreter_on
         from hetero_strategy.triton_kernels.dispatch import triton_available
 
         if not triton_available():
             print("bench_kernels: Triton does not import; install triton to benchmark the kernels.", file=sys.stderr)
+            return 2
+        if interpreter_on():
+            print("bench_kernels: TRITON_INTERPRET is set, which would time the CPU interpreter; unset it.",
+                  file=sys.stderr)
             return 2
     report = run(args)
     print_table(report)

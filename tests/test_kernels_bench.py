@@ -49,6 +49,13 @@ def test_without_cuda_it_says_so_and_fails(bench, monkeypatch, capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+def test_on_a_gpu_it_refuses_to_time_the_interpreter(bench, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert bench.main(["--sizes", "1e6"]) == 2
+    assert "TRITON_INTERPRET" in capsys.readouterr().err
+
+
 def test_compared_paths_send_the_largest_entries(bench):
     acc = torch.randn(2000, generator=torch.Generator().manual_seed(0))
     k = 40
