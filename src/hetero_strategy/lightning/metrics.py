@@ -49,11 +49,19 @@ class StepTimer:
         self._compute_acc = 0.0
         self.window_start = None
 
-    def gather_metrics(self, local_batch: int) -> dict[str, float]:
-        """All ranks' batch size, times and speed, plus the balance (one all-gather)."""
-        rows = all_gather_floats([float(local_batch), self.compute_time, self.step_time])
+    def gather_metrics(self, local_batch: int, extra: dict[str, float] | None = None) -> dict[str, float]:
+        """All ranks' batch size, times and speed, plus the balance (one all-gather).
+
+        ``extra`` per-rank figures (e.g. the hook's bytes sent and density) ride in the same gather
+        and are logged as ``hetero/<name>_r<rank>``.
+        """
+        names = sorted(extra or {})
+        mine = [float(local_batch), self.compute_time, self.step_time] + [float(extra[n]) for n in names]
+        rows = all_gather_floats(mine)
         metrics: dict[str, float] = {}
-        for r, (b, compute, step) in enumerate(rows):
+        for r, (b, compute, step, *more) in enumerate(rows):
+            for name, value in zip(names, more):
+                metrics[f"hetero/{name}_r{r}"] = value
             metrics[f"hetero/batch_size_r{r}"] = b
             metrics[f"hetero/compute_s_r{r}"] = compute
             metrics[f"hetero/step_s_r{r}"] = step

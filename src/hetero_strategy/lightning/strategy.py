@@ -268,8 +268,14 @@ class HeteroStrategy(DDPStrategy):
                 rank_zero_info(f"hetero: step {trainer.global_step}: batch sizes -> {new}")
         if (trainer.global_step % max(trainer.log_every_n_steps, 1)) != 0 or trainer.logger is None:
             return
-        metrics = self.timer.gather_metrics(self._local_batch)
+        metrics = self.timer.gather_metrics(self._local_batch, self._hook_stats())
         self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
+
+    def _hook_stats(self) -> dict[str, float]:
+        """The compression hook's per-rank figures of the last step (none for the dense hook)."""
+        names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received"}
+        return {label: getattr(self.hook_state, attr) for attr, label in names.items()
+                if isinstance(getattr(self.hook_state, attr, None), (int, float))}
 
     # ---- checkpoints ---------------------------------------------------------------------
     def hetero_state_dict(self) -> dict:
