@@ -115,3 +115,14 @@ def test_import_and_torch_path_work_without_triton():
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Triton does not import" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["", ".ef_accumulate", ".threshold", ".compact", ".topk_select", ".scatter_add",
+                                  ".dispatch"])
+def test_docstring_examples_run(name):
+    import doctest
+    import importlib
+
+    module = importlib.import_module("hetero_strategy.triton_kernels" + name)
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,5 +1,16 @@
 """Triton compression kernels, installed as ``hetero_strategy.triton_kernels``.
 
-Each op has a ``@triton.jit`` kernel, a launcher and a ``<op>_torch`` reference in one file.
-Importing needs neither Triton nor a GPU.
+Each op has a private ``@triton.jit`` kernel, a launcher and a ``<op>_torch`` reference in one
+file (``ef_accumulate``, ``threshold``, ``compact``, ``topk_select``, ``scatter_add``); the hooks
+call :mod:`.dispatch`, which picks Triton for CUDA tensors and the reference elsewhere. Importing
+this package imports neither Triton nor the op modules. See docs/kernels.md.
+
+Example::
+
+    >>> import torch
+    >>> from hetero_strategy.triton_kernels import dispatch
+    >>> dispatch.topk_select(torch.tensor([1.0, -2.0]), k=1, capacity=1)[1].tolist()
+    [1]
 """
+
+__all__: list[str] = []
