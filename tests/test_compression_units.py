@@ -160,3 +160,19 @@ def test_single_rank_hooks_conserve_and_mark_nonfinite() -> None:
     res = torch.cat(list(ob.state_dict()["residuals"].values()))
     torch.testing.assert_close(out + res, torch.cat(g1))
     assert torch.isnan(_run(ob, onebit_hook, bad, params)).all()
+
+
+@pytest.mark.parametrize("case", ["sampled", "fallback"])
+def test_large_topk_selects_exactly_the_largest(case: str) -> None:
+    """The CPU fast path (sampled threshold, exact k-th value fallback) against torch.topk."""
+    n, k = 200_000, 3000
+    acc = torch.rand(n, generator=torch.Generator().manual_seed(3)) * 1e-3
+    if case == "fallback":  # the strided sample sees a few big values: too few candidates above it
+        stride = n // 8192
+        acc[::stride][:200] = 5.0 + torch.arange(200.0)
+    acc = acc * torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)
+    payload, residual = TopKCodec.compress(acc, k, capacity=k)
+    sent = TopKCodec.decompress(payload.view(1, -1), n)
+    want = torch.topk(acc.abs(), k).indices
+    assert set(sent.nonzero().squeeze(1).tolist()) == set(want.tolist())
+    torch.testing.assert_close(sent + residual, acc, rtol=0, atol=0)

@@ -18,6 +18,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 try:  # NOTE: written in parallel by the kernels work; the torch fallback keeps us working without it
@@ -25,18 +27,24 @@ try:  # NOTE: written in parallel by the kernels work; the torch fallback keeps 
 except ImportError:  # pragma: no cover - depends on the install
     _dispatch = None
 
-__all__ = ["SignCodec", "TopKCodec", "cast_payload", "ef_accumulate"]
+__all__ = ["SignCodec", "TopKCodec", "cast_payload", "ef_accumulate", "ef_accumulate_"]
 
 
-def _use_dispatch(backend: str, name: str) -> bool:
-    """Whether to route ``name`` through the kernels' dispatcher ("torch" never, "triton" always)."""
+def _use_dispatch(backend: str, name: str, tensor: torch.Tensor | None = None) -> bool:
+    """Whether ``name`` runs through the kernels' dispatcher: only where it would pick Triton.
+
+    On other tensors (CPU, or CUDA without Triton) the in-place torch code below is used: it does
+    fewer passes than the dispatcher's reference, which is written for clarity.
+    """
     if backend == "torch":
         return False
     available = _dispatch is not None and hasattr(_dispatch, name)
-    if backend == "triton" and not available:
-        raise RuntimeError(f"compression_backend='triton' is invalid here: hetero_strategy.triton_kernels."
-                           f"dispatch.{name} is not installed; use compression_backend='auto' or 'torch'")
-    return available
+    if not available:
+        if backend == "triton":
+            raise RuntimeError(f"compression_backend='triton' is invalid here: hetero_strategy.triton_kernels."
+                               f"dispatch.{name} is not installed; use compression_backend='auto' or 'torch'")
+        return False
+    return tensor is None or _dispatch.backend_for(tensor, backend) == "triton"
 
 
 def ef_accumulate(grad: torch.Tensor, residual: torch.Tensor | None, gamma: float,
@@ -44,24 +52,59 @@ def ef_accumulate(grad: torch.Tensor, residual: torch.Tensor | None, gamma: floa
     """acc = grad + gamma * residual in fp32 (a new tensor; ``grad`` is not modified)."""
     if residual is None:
         return grad.to(torch.float32, copy=True)
-    if _use_dispatch(backend, "ef_accumulate"):
+    if _use_dispatch(backend, "ef_accumulate", grad):
         return _dispatch.ef_accumulate(grad, residual, gamma, backend=backend)
     return torch.add(grad.to(torch.float32), residual, alpha=gamma)
 
 
-def _topk_select_torch(acc: torch.Tensor, k: int, capacity: int):
-    """(values (capacity,), indices (capacity,) int32, new_residual): acc minus the sent entries."""
+def ef_accumulate_(buf: torch.Tensor, residual: torch.Tensor, gamma: float, backend: str = "auto") -> torch.Tensor:
+    """acc = buf + gamma * residual, written into ``buf`` when it is fp32 (no new (n,) tensor)."""
+    if buf.dtype != torch.float32 or _use_dispatch(backend, "ef_accumulate", buf):
+        return ef_accumulate(buf, residual, gamma, backend)
+    return buf.add_(residual, alpha=gamma)
+
+
+def _threshold_indices(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending indices of the k largest entries of ``mag`` (CPU; ~1 pass for small k/n).
+
+    A strided sample gives a threshold a little below the k-th largest value; the exact top-k is
+    then taken among the few candidates above it. If the sample overshoots (fewer than k
+    candidates) the exact k-th value is used instead.
+    """
+    n = mag.numel()
+    if n > (1 << 16) and k * 20 < n:
+        sample = mag[:: n // 8192]  # (~8192,) strided view
+        want = min(sample.numel(), max(2, math.ceil(2 * k * sample.numel() / n)))  # 2x margin
+        threshold = torch.topk(sample, want, sorted=False).values.min()
+        cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k usually,) ascending
+        if cand.numel() >= k:
+            return cand[torch.topk(mag[cand], k, sorted=False).indices].sort().values
+    threshold = mag.kthvalue(n - k + 1).values  # k-th largest magnitude
+    return (mag >= threshold).nonzero().squeeze(1)[:k]  # ties to the lower index
+
+
+def _topk_select_torch_(acc: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values (capacity,), indices (capacity,) int32); the sent entries of ``acc`` are zeroed in place.
+
+    Exactly k entries of largest |acc|. On CPU a sampled threshold + nonzero is several times
+    faster than torch.topk over the whole tensor.
+    """
     values = torch.zeros(capacity, dtype=torch.float32, device=acc.device)
     indices = torch.zeros(capacity, dtype=torch.int32, device=acc.device)
-    residual = acc.clone()
-    if k > 0:
-        # NOTE: NaN sorts above every number in torch.topk, so a non-finite bucket keeps them in;
-        # the hook marks such a bucket non-finite anyway (see compressed.py).
-        idx = torch.topk(acc.abs(), k, sorted=False).indices  # (k,) int64
-        values[:k] = acc[idx]
-        indices[:k] = idx.to(torch.int32)
-        residual[idx] = 0.0
-    return values, indices, residual
+    if k == 0:
+        return values, indices
+    mag = acc.abs()  # (n,)
+    if acc.is_cuda or k == acc.numel():
+        idx = torch.topk(mag, k, sorted=False).indices.sort().values  # (k,) int64
+    else:
+        # NOTE: NaN compares false, so a non-finite acc may select fewer than k; the hook marks
+        # such a bucket non-finite anyway (see compressed.py)
+        idx = _threshold_indices(mag, k)  # (<=k,) int64, ascending
+    m = idx.numel()
+    values[:m] = acc[idx]
+    indices[:m] = idx.to(torch.int32)
+    acc[idx] = 0.0
+    return values, indices
 
 
 class TopKCodec:
@@ -72,14 +115,15 @@ class TopKCodec:
         return 2 * capacity  # fp32 values then int32 indices bit-cast to fp32
 
     @staticmethod
-    def select(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
-        """(values (capacity,) fp32, indices (capacity,) int32, residual = acc with the k sent entries zeroed)."""
+    def select_(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
+        """(values (capacity,) fp32, indices (capacity,) int32); zeroes the k sent entries of acc in place."""
         assert acc.dtype == torch.float32 and acc.dim() == 1, "acc must be a flat fp32 tensor"
         assert 0 <= k <= min(capacity, acc.numel()), f"need 0 <= k={k} <= capacity={capacity}, numel"
-        if _use_dispatch(backend, "topk_select"):
+        if _use_dispatch(backend, "topk_select", acc):
             values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity, backend=backend)
-            return values, indices, residual
-        return _topk_select_torch(acc, k, capacity)
+            acc.copy_(residual)
+            return values, indices
+        return _topk_select_torch_(acc, k, capacity)
 
     @staticmethod
     def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -89,19 +133,23 @@ class TopKCodec:
     @classmethod
     def compress(cls, acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
         """Payload (2*capacity,) fp32 and the new residual (acc with the sent entries zeroed)."""
-        values, indices, residual = cls.select(acc, k, capacity, backend)
+        residual = acc.clone()
+        values, indices = cls.select_(residual, k, capacity, backend)
         return cls.pack(values, indices), residual
 
     @staticmethod
-    def decompress(gathered: torch.Tensor, numel: int, backend: str = "auto") -> torch.Tensor:
-        """Sum of every rank's sparse payload: gathered (R, 2*capacity) -> dense (numel,) fp32.
+    def decompress(gathered: torch.Tensor, numel: int, backend: str = "auto",
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum of every rank's sparse payload: gathered (R, 2*capacity) -> dense (numel,) fp32
+        (added into ``out`` when given).
 
         Ranks are added one after another: within one rank the indices are distinct (padding adds
         0.0), so the result is the same on every rank and every device (no atomics race).
         """
         capacity = gathered.shape[1] // 2
-        out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
-        if _use_dispatch(backend, "scatter_add"):  # same contract: row by row, deterministic
+        if out is None:
+            out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
+        if _use_dispatch(backend, "scatter_add", out):  # same contract: row by row, deterministic
             indices = gathered[:, capacity:].contiguous().view(torch.int32)  # (R, capacity)
             return _dispatch.scatter_add(out, gathered[:, :capacity].contiguous(), indices, backend=backend)
         for row in gathered:  # (2*capacity,) per rank

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import communicator as comm
-from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate
+from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate, ef_accumulate_
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
@@ -201,7 +201,9 @@ class CompressedState(WeightedReduceState):
 
 def _nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
     """(1,) fp32: NaN if acc holds a NaN/inf, else 0 (stays on device: no host sync)."""
-    bad = ~torch.isfinite(acc).all()
+    # NOTE: the sum is non-finite iff an entry is (or |sum| > 3.4e38, far beyond any gradient);
+    # one reduction, no (n,) boolean temporary
+    bad = ~torch.isfinite(acc.sum())
     return torch.where(bad, torch.full((1,), float("nan"), device=acc.device), torch.zeros(1, device=acc.device))
 
 
@@ -250,9 +252,9 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     sizes = [g.numel() for g in grads]
     sparse, ks, caps = state.plan(step, sizes) if mode == "compressed" else ([False] * len(sizes), sizes, sizes)
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
-    acc = ef_accumulate(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32
+    acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
     marker = _nonfinite_marker(acc)
-    kept = acc.clone()  # what stays in the residual; sent entries are zeroed below
+    # acc becomes what stays in the residual: sent entries are zeroed in place below
     dense_parts, values, indices, offset, sent_entries = [], [], [], 0, 0
     for n, is_sparse, k, cap in zip(sizes, sparse, ks, caps):
         seg = acc[offset:offset + n]
@@ -260,18 +262,18 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
             values.append(torch.zeros(cap, dtype=torch.float32, device=acc.device))
             indices.append(torch.full((cap,), offset, dtype=torch.int32, device=acc.device))
         elif is_sparse:
-            v, i, r = TopKCodec.select(seg, k, cap, state.config.compression_backend)
+            v, i = TopKCodec.select_(seg, k, cap, state.config.compression_backend)
             values.append(v)
             indices.append(i.add_(offset))  # bucket-relative; padding points at this segment's start
-            kept[offset:offset + n] = r
         elif k > 0:
-            dense_parts.append(seg)
-            kept[offset:offset + n] = 0.0
+            dense_parts.append(seg.clone())
+            seg.zero_()
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
         sent_entries += k
         offset += n
-    residual.copy_(torch.where(torch.isnan(marker), residual, kept))  # never store a non-finite step
+    # never store a non-finite step (one pass, written in place)
+    torch.where(torch.isnan(marker), residual, acc, out=residual)
     return _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
 
 
@@ -323,7 +325,8 @@ def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, 
     state._account(bucket, "sparse" if values else mode, nbytes, sent_entries)
 
     def decode(_f: torch.futures.Future) -> torch.Tensor:
-        out = torch.zeros(numel, dtype=torch.float32, device=buf.device)  # (n,)
+        # the bucket's buffer is free again (payloads were copied out): decode into it
+        out = buf.zero_() if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
         offset, pos = 0, 0
         for n, is_sparse in zip(sizes, sparse):
             if not is_sparse:
@@ -331,7 +334,7 @@ def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, 
                 pos += n
             offset += n
         if gathered is not None:
-            out.add_(TopKCodec.decompress(gathered[:, :-1], numel, state.config.compression_backend))
+            TopKCodec.decompress(gathered[:, :-1], numel, state.config.compression_backend, out=out)
             out.add_(gathered[:, -1].sum())  # any rank's NaN marks the whole bucket
         else:
             out.add_(reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
