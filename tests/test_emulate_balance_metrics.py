@@ -1,0 +1,48 @@
+"""Figures of ``bench balance`` from hand-built per-rank clocks (definitions in issue 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero_strategy.benchmarks_impl.balance_metrics import mode_figures, round_figures, solo_figures
+
+
+def _clock(step_s: float, steps: int) -> list[float]:
+    return [i * step_s for i in range(steps + 1)]
+
+
+def test_solo_speeds_and_ideal():
+    ranks = [{"starts": _clock(0.25, 10), "ar_times": [0.1, 0.1, 0.3], "grad_bytes": 8},
+             {"starts": _clock(0.5, 10), "ar_times": [0.1, 0.2, 0.2], "grad_bytes": 8}]
+    solo = solo_figures(ranks, batch=100)
+    assert solo["solo_samples_per_s"] == pytest.approx([400.0, 200.0])
+    assert solo["t_ar_s"] == pytest.approx(0.2)  # the slower rank's median
+    out = round_figures(solo, {}, global_batch=200)
+    # G / (G / sum r + t_ar) = 200 / (200 / 600 + 0.2)
+    assert out["ideal_samples_per_s"] == pytest.approx(200 / (1 / 3 + 0.2))
+
+
+def test_ddp_idle_balance_and_speedup():
+    solo = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.1}
+    # DDP: both ranks step at the slow rank's pace, 100/200 + 0.1 = 0.6 s.
+    ddp = [{"starts": _clock(0.6, 20), "batches": [100] * 20} for _ in range(2)]
+    # hetero: 133/67 split, measured compute times given by the strategy's clock.
+    het = [{"starts": _clock(0.45, 20), "batches": [b] * 20, "compute_s": [c] * 20}
+           for b, c in ((133, 0.33), (67, 0.34))]
+    modes = {"ddp": mode_figures(ddp, solo, measure=10), "hetero": mode_figures(het, solo, measure=10)}
+    assert modes["ddp"]["samples_per_s"] == pytest.approx(200 / 0.6)
+    # fast rank: 0.6 - 100/400 - 0.1 = 0.25 s of waiting in a 0.6 s step
+    assert modes["ddp"]["fast_rank_idle_fraction"] == pytest.approx(0.25 / 0.6)
+    assert modes["ddp"]["balance"] == pytest.approx(1 - (0.5 - 0.25) / 0.5)  # from solo speeds
+    assert modes["hetero"]["fast_rank_idle_fraction"] == pytest.approx((0.45 - 133 / 400 - 0.1) / 0.45)
+    assert modes["hetero"]["balance"] == pytest.approx(1 - 0.01 / 0.34)
+    assert modes["hetero"]["batch_sizes"] == [133, 67]
+    out = round_figures(solo, modes, global_batch=200)
+    assert out["hetero_speedup_vs_ddp"] == pytest.approx(0.6 / 0.45)
+    assert out["hetero_vs_ideal"] == pytest.approx((200 / 0.45) / out["ideal_samples_per_s"])
+
+
+def test_idle_never_negative_when_communication_is_hidden():
+    solo = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.2}
+    het = [{"starts": _clock(0.35, 12), "batches": [b] * 12} for b in (133, 67)]
+    assert mode_figures(het, solo, measure=5)["fast_rank_idle_fraction"] == 0.0
