@@ -74,6 +74,18 @@ def test_forcing_triton_under_the_interpreter_runs_the_kernels(how, monkeypatch,
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_interpreted_kernels_are_safe_from_several_threads():
+    # DDP runs comm-hook callbacks off the autograd thread; the interpreter keeps global state.
+    from concurrent.futures import ThreadPoolExecutor
+
+    accs = [torch.randn(700, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda a: dispatch.topk_select(a, 50, 50, backend="triton"), accs))
+    for acc, out in zip(accs, got):
+        for a, b in zip(out, dispatch.topk_select(acc, 50, 50, backend="torch")):
+            assert torch.equal(a, b)
+
+
 def test_argument_beats_setter_beats_env_and_auto_defers(monkeypatch):
     t = torch.zeros(2)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")

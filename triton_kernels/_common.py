@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -23,11 +24,15 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
 
-__all__ = ["HAS_TRITON", "check_flat", "check_launchable", "interpreter_on", "tl", "triton"]
+__all__ = ["HAS_TRITON", "check_flat", "check_launchable", "interpreter_on", "launch", "tl", "triton"]
 
 HAS_TRITON = triton is not None
 # int32 indices and int32 counts inside the kernels.
 MAX_NUMEL = 2**31 - 1
+# NOTE: the interpreter patches triton.language and keeps the grid index in module globals while
+# a kernel runs, so two interpreted kernels in different threads (a DDP comm hook's future
+# callback next to the autograd thread) corrupt each other. Compiled launches need no lock.
+_INTERPRETER_LOCK = threading.Lock()
 
 
 def interpreter_on() -> bool:
@@ -68,3 +73,12 @@ def check_launchable(kernel, *tensors: torch.Tensor) -> None:
                 f"Triton kernels need CUDA tensors, got {device}; to run them on the CPU set "
                 "TRITON_INTERPRET=1 before importing hetero_strategy.triton_kernels, or use HETERO_KERNELS=torch"
             )
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, serialised across threads when the kernel is interpreted."""
+    if type(kernel).__name__ == "InterpretedFunction":
+        with _INTERPRETER_LOCK:
+            kernel[grid](*args, **kwargs)
+    else:
+        kernel[grid](*args, **kwargs)

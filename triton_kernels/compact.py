@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
+from ._common import HAS_TRITON, check_flat, check_launchable, launch, tl, triton
 from .threshold import abs_key, low_shift
 
 __all__ = ["compact", "compact_torch"]
@@ -171,14 +171,16 @@ def compact(
     num_blocks = triton.cdiv(n, block)
     if counts is None:
         counts = torch.empty(2, num_blocks, dtype=torch.int32, device=acc.device)
-        _count_kernel[(num_blocks,)](acc, state, counts, n, num_blocks, LOW=shift, BLOCK=block)
+        launch(_count_kernel, (num_blocks,), acc, state, counts, n, num_blocks, LOW=shift, BLOCK=block)
     elif counts.shape != (2, num_blocks) or counts.dtype != torch.int32:
         raise ValueError(
             f"counts: shape {tuple(counts.shape)} {counts.dtype}, expected (2, {num_blocks}) int32; "
             "compute it with the same block size"
         )
     incl = torch.cumsum(counts, dim=1, dtype=torch.int32)  # (2, num_blocks), on the device
-    _write_kernel[(num_blocks,)](
+    launch(
+        _write_kernel,
+        (num_blocks,),
         acc, state, counts, incl, values, indices, count, residual, n, num_blocks, capacity,
         LOW=shift, BLOCK=block,
     )

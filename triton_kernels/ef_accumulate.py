@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
+from ._common import HAS_TRITON, check_flat, check_launchable, launch, tl, triton
 
 __all__ = ["ef_accumulate", "ef_accumulate_torch"]
 
@@ -99,7 +99,9 @@ def ef_accumulate(
     if n == 0:
         return acc
     grid = (triton.cdiv(n, block),)
-    _ef_accumulate_kernel[grid](
+    launch(
+        _ef_accumulate_kernel,
+        grid,
         grad,
         residual if residual is not None else acc,  # dummy pointer, never read
         acc,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
+from ._common import HAS_TRITON, check_flat, check_launchable, launch, tl, triton
 
 __all__ = ["scatter_add", "scatter_add_torch"]
 
@@ -103,7 +103,9 @@ def scatter_add(out, values, indices, weights=None, *, block: int = 1024):
         return out
     grid = (triton.cdiv(width, block),)
     for r in range(rows):
-        _scatter_add_kernel[grid](
+        launch(
+            _scatter_add_kernel,
+            grid,
             values[r], indices[r], weights if weights is not None else out, out, r, width, out.numel(),
             HAS_WEIGHTS=weights is not None, BLOCK=block, enable_fp_fusion=False,
         )

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_flat, check_launchable, tl, triton
+from ._common import HAS_TRITON, check_flat, check_launchable, launch, tl, triton
 
 __all__ = ["INT32_MAX", "abs_key", "low_shift", "topk_threshold", "topk_threshold_torch", "topk_threshold_with_counts"]
 
@@ -247,13 +247,15 @@ def topk_threshold_with_counts(acc: torch.Tensor, k: int, *, passes: int = 3, bl
     seg = torch.empty(2, num_blocks, dtype=torch.int32, device=dev) if passes == 3 else zeros  # start, len
     for p, (shift, width) in enumerate(_DIGITS[:passes]):  # most significant digit first
         first = p == 0
-        _radix_hist_kernel[(num_blocks,)](
+        launch(
+            _radix_hist_kernel,
+            (num_blocks,),
             cand if p == 2 else acc, cand_count, state, hist[p], cand, cand_count, seg,
             counts if counts is not None else cand_count, n, num_blocks,
             SHIFT=shift, WIDTH=width, NUM_BINS=1 << width, FIRST=first,
             SRC_IS_KEYS=p == 2, APPEND=p == 1 and passes == 3, BLOCK=block,
         )
-        _radix_scan_kernel[(1,)](hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
+        launch(_radix_scan_kernel, (1,), hist[p], state, k, SHIFT=shift, NUM_BINS=1 << width, FIRST=first)
     if counts is not None:
-        _candidate_count_kernel[(num_blocks,)](cand, seg, state, counts, num_blocks, BLOCK=block)
+        launch(_candidate_count_kernel, (num_blocks,), cand, seg, state, counts, num_blocks, BLOCK=block)
     return state, counts
