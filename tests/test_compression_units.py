@@ -113,7 +113,7 @@ def test_memory_keeps_residuals_per_parameter_across_layouts() -> None:
 
 def test_tiers_from_bandwidth_env_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tier_from_bandwidth(0.1) == "eth1g" and tier_from_bandwidth(8) == "eth10g"
-    assert tier_from_bandwidth(90) == "ib" and tier_from_bandwidth(900) == "nvlink"
+    assert tier_from_bandwidth(150) == "ib" and tier_from_bandwidth(900) == "nvlink"
     assert tier_policy("eth1g").exchange_every == 5 and tier_policy("nvlink").tier_factor is None
     assert tier_policy("ib", {"ib": {"gamma": 0.5}}).gamma == 0.5
     monkeypatch.setenv("HETERO_TIER", "eth10g")

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_strategy.cluster.tiers import parse_rate
+
 __all__ = ["add_arguments", "run"]
 
 _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.compression_worker"]
@@ -77,14 +79,6 @@ def _emulated(args: list[str], link: str, timeout: float) -> None:
         raise RuntimeError(f"emulated bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
 
 
-def _rate_bps(link: str) -> float:
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
-    for unit, scale in units.items():
-        if link.endswith(unit):
-            return float(link[: -len(unit)]) * scale
-    raise ValueError(f"--link={link!r} is invalid: use e.g. 100mbit or 1gbit")
-
-
 def _summarise(step: dict, fast: dict, conv: dict, link: str, computed: bool) -> dict:
     methods = {}
     for m, timing in step.items():
@@ -92,7 +86,7 @@ def _summarise(step: dict, fast: dict, conv: dict, link: str, computed: bool) ->
             continue
         step_s = statistics.mean(timing["step_s"])
         if computed:  # compute measured unthrottled + the measured bytes over the link rate
-            step_s = statistics.mean(fast[m]["step_s"]) + statistics.mean(timing["bytes"]) * 8 / _rate_bps(link)
+            step_s = statistics.mean(fast[m]["step_s"]) + statistics.mean(timing["bytes"]) * 8 / parse_rate(link)
         runs = conv[m]
         reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
         steps_to_target = statistics.mean(reached) if len(reached) == len(runs) else None
@@ -115,14 +109,15 @@ def _ratios(methods: dict) -> dict:
     if "topk" in methods:
         out["topk_speedup_vs_dense"] = d["step_time_s"] / methods["topk"]["step_time_s"]
         out["topk_speedup_vs_fp16"] = methods["fp16"]["step_time_s"] / methods["topk"]["step_time_s"]
-    t = methods.get("tiered", {})
-    if t.get("time_to_target_s") is not None:
-        for base in ("powersgd", "dense_fp32"):
-            if methods[base]["time_to_target_s"]:
-                out[f"tiered_time_to_target_vs_{base}"] = t["time_to_target_s"] / methods[base]["time_to_target_s"]
-    if t:
-        out["tiered_accuracy_minus_dense_points"] = 100 * (t["accuracy"] - d["accuracy"])
-        out["tiered_unthrottled_overhead"] = t["unthrottled_step_time_s"] / d["unthrottled_step_time_s"] - 1
+    for name in ("tiered", "tiered_tuned"):
+        t = methods.get(name, {})
+        if t.get("time_to_target_s") is not None:
+            for base in ("powersgd", "dense_fp32"):
+                if methods[base]["time_to_target_s"]:
+                    out[f"{name}_time_to_target_vs_{base}"] = t["time_to_target_s"] / methods[base]["time_to_target_s"]
+        if t:
+            out[f"{name}_accuracy_minus_dense_points"] = 100 * (t["accuracy"] - d["accuracy"])
+            out[f"{name}_unthrottled_overhead"] = t["unthrottled_step_time_s"] / d["unthrottled_step_time_s"] - 1
     return out
 
 
@@ -138,7 +133,7 @@ def _chart(methods: dict, path: Path) -> None:
               ("time_to_target_s", "time to target accuracy (s)")]
     for ax, (key, title) in zip(axes, panels):
         vals = [(methods[n][key] or 0) / (1e6 if key == "bytes_per_step" else 1) for n in names]
-        ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#2a6"][: len(names)])
+        ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#2a6", "#6c6"][: len(names)])
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
@@ -174,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "steptime_model": "torchvision resnet18, 32x32, batch 32/rank, 2 ranks, 1 CPU thread each",
             "convergence": f"MLP 64-128-10 on sklearn digits, SGD lr {args.lr}, batch 32/rank, {args.steps} steps, "
                            f"{args.seeds} seeds, target {args.target}; tiered uses tier eth1g",
+            "tiered_tuned": "tiered with base_density 0.1 and tier_overrides {eth1g: {exchange_every: 1}}",
             "rounds": args.rounds,
         },
     }

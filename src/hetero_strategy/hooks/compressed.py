@@ -32,7 +32,8 @@ import torch.distributed as dist
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate, ef_accumulate_
-from hetero_strategy.hooks.hierarchy import build_fast_groups
+from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
+from hetero_strategy.hooks.hierarchy import build_fast_groups, hierarchical_exchange
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.tiers import TierPolicy, gather_tiers, resolve_tier, tier_policy
@@ -199,14 +200,6 @@ class CompressedState(WeightedReduceState):
             self._reset_step_stats()
 
 
-def _nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
-    """(1,) fp32: NaN if acc holds a NaN/inf, else 0 (stays on device: no host sync)."""
-    # NOTE: the sum is non-finite iff an entry is (or |sum| > 3.4e38, far beyond any gradient);
-    # one reduction, no (n,) boolean temporary
-    bad = ~torch.isfinite(acc.sum())
-    return torch.where(bad, torch.full((1,), float("nan"), device=acc.device), torch.zeros(1, device=acc.device))
-
-
 def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
     """Dense weighted all-reduce in place, no residuals: warm-up steps and dense tiers."""
     # NOTE: name the parameters now: step 0 always runs DDP's initial bucket layout, so the
@@ -241,7 +234,7 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
         return _warmup(state, bucket, mode)
     state._scale(bucket, clip=True)
     if state.hier is not None:
-        return _hierarchical(state, bucket, step, mode)
+        return hierarchical_exchange(state, bucket, step, mode, _compress)
     return _compress(state, bucket, step, mode)
 
 
@@ -253,7 +246,7 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     sparse, ks, caps = state.plan(step, sizes) if mode == "compressed" else ([False] * len(sizes), sizes, sizes)
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
     acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
-    marker = _nonfinite_marker(acc)
+    marker = nonfinite_marker(acc)
     # acc becomes what stays in the residual: sent entries are zeroed in place below
     dense_parts, values, indices, offset, sent_entries = [], [], [], 0, 0
     for n, is_sparse, k, cap in zip(sizes, sparse, ks, caps):
@@ -274,73 +267,7 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
         offset += n
     # never store a non-finite step (one pass, written in place)
     torch.where(torch.isnan(marker), residual, acc, out=residual)
-    return _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
-
-
-def _hierarchical(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
-    """Dense sum inside the fast group, compressed exchange between leaders, broadcast back.
-
-    NOTE: the leader needs the group sum before compressing and the exchanged result before
-    broadcasting, so it waits on both futures here (on NCCL a stream wait, not a host sync; on
-    gloo this serialises the buckets' communication).
-    """
-    h, buf = state.hier, bucket.buffer()
-    numel_bytes = buf.numel() * buf.element_size()
-    fut, sent = comm.all_reduce(buf, h.intra)
-    fut.wait()
-    # the broadcast's bytes are counted now: the step's totals close inside _compress
-    state._acc_sent += sent + numel_bytes
-    state._acc_recv += sent + numel_bytes
-    if h.is_leader:
-        if state.policies[state.rank].tier_factor is None:  # dense link between leaders
-            fut, sent = comm.all_reduce(buf, state.exchange_group)
-            state._account(bucket, "dense", sent, buf.numel())
-            fut.wait()
-            result = buf
-        else:
-            result = _compress(state, bucket, step, mode).wait()
-    else:
-        result = torch.empty_like(buf)
-        state._account(bucket, mode, 0, buf.numel())
-    work = dist.broadcast(result, src=h.leader, group=h.intra, async_op=True)
-    return work.get_future().then(lambda _f: result)
-
-
-def _exchange(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries):
-    """Issue the (at most two) collectives now, in the same order on every rank; decode later."""
-    buf = bucket.buffer()
-    numel, dtype, group = buf.numel(), buf.dtype, state.exchange_group
-    gathered = reduced = None
-    futs, nbytes = [], 0
-    if values:  # marker rides in the gather when there is one, else in the all-reduce
-        payload = torch.cat([TopKCodec.pack(torch.cat(values), torch.cat(indices)), marker])
-        fut, gathered, sent = comm.all_gather(payload, group)
-        futs.append(fut)
-        nbytes += sent
-    if dense_parts or not values:
-        reduced = torch.cat(dense_parts + ([] if values else [marker]))
-        fut, sent = comm.all_reduce(reduced, group)
-        futs.append(fut)
-        nbytes += sent
-    state._account(bucket, "sparse" if values else mode, nbytes, sent_entries)
-
-    def decode(_f: torch.futures.Future) -> torch.Tensor:
-        # the bucket's buffer is free again (payloads were copied out): decode into it
-        out = buf.zero_() if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
-        offset, pos = 0, 0
-        for n, is_sparse in zip(sizes, sparse):
-            if not is_sparse:
-                out[offset:offset + n] = reduced[pos:pos + n]
-                pos += n
-            offset += n
-        if gathered is not None:
-            TopKCodec.decompress(gathered[:, :-1], numel, state.config.compression_backend, out=out)
-            out.add_(gathered[:, -1].sum())  # any rank's NaN marks the whole bucket
-        else:
-            out.add_(reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
-        return out.to(dtype)
-
-    return torch.futures.collect_all(futs).then(decode)
+    return exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
 
 
 def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -366,10 +293,10 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
     state._scale(bucket, clip=True)
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)
     acc = ef_accumulate(buf, residual, state.policies[state.rank].gamma, state.config.compression_backend)
-    marker = _nonfinite_marker(acc)
+    marker = nonfinite_marker(acc)
     if mode == "dense":  # periodic full-precision sync flushes the residual
         residual.copy_(torch.where(torch.isnan(marker), residual, torch.zeros_like(acc)))
-        return _exchange(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
+        return exchange_topk(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
     payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
     residual.copy_(torch.where(torch.isnan(marker), residual, kept))
     fut, gathered, sent = comm.all_gather(payload, state.process_group)

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
+from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.tiers import _host_identity
 
-__all__ = ["FastGroups", "build_fast_groups"]
+__all__ = ["FastGroups", "build_fast_groups", "hierarchical_exchange"]
 
 
 @dataclass
@@ -67,3 +69,35 @@ def build_fast_groups(groups: list[list[int]] | None = None) -> FastGroups:
     leaders = [g[0] for g in groups]
     cross = dist.new_group(leaders)
     return FastGroups(members=mine, intra=intra, leaders=leaders, cross=cross if me in leaders else None)
+
+
+def hierarchical_exchange(state, bucket: dist.GradBucket, step: int, mode: str, compress) -> torch.futures.Future:
+    """Dense sum inside the fast group, ``compress`` between leaders, broadcast back.
+
+    ``state`` is a CompressedState whose bucket is already weighted; ``compress(state, bucket,
+    step, mode)`` runs the leaders' exchange over ``state.exchange_group``.
+
+    NOTE: the leader needs the group sum before compressing and the exchanged result before
+    broadcasting, so it waits on both futures here (on NCCL a stream wait, not a host sync; on
+    gloo this serialises the buckets' communication).
+    """
+    h, buf = state.hier, bucket.buffer()
+    numel_bytes = buf.numel() * buf.element_size()
+    fut, sent = comm.all_reduce(buf, h.intra)
+    fut.wait()
+    # the broadcast's bytes are counted now: the step's totals close inside compress
+    state._acc_sent += sent + numel_bytes
+    state._acc_recv += sent + numel_bytes
+    if h.is_leader:
+        if state.policies[state.rank].tier_factor is None:  # dense link between leaders
+            fut, sent = comm.all_reduce(buf, state.exchange_group)
+            state._account(bucket, "dense", sent, buf.numel())
+            fut.wait()
+            result = buf
+        else:
+            result = compress(state, bucket, step, mode).wait()
+    else:
+        result = torch.empty_like(buf)
+        state._account(bucket, mode, 0, buf.numel())
+    work = dist.broadcast(result, src=h.leader, group=h.intra, async_op=True)
+    return work.get_future().then(lambda _f: result)

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.cluster.tiers import classify_tier
+
 __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
@@ -58,9 +60,6 @@ DEFAULT_TIERS: dict[str, TierPolicy] = {
     "eth1g": TierPolicy(tier_factor=0.1, exchange_every=5, gamma=0.98),
 }
 
-# Lower bounds of measured all-reduce bandwidth (Gbit/s) per tier, fastest first. A probe on a
-# link measures less than its line rate (latency, protocol), hence the margins below each class.
-_BANDWIDTH_FLOORS = (("nvlink", 200.0), ("ib", 40.0), ("eth10g", 3.0))
 
 
 def tier_policy(tier: str, overrides: dict[str, dict[str, Any]] | None = None) -> TierPolicy:
@@ -71,11 +70,8 @@ def tier_policy(tier: str, overrides: dict[str, dict[str, Any]] | None = None) -
 
 
 def tier_from_bandwidth(gbps: float) -> str:
-    """Map a measured all-reduce bandwidth in Gbit/s to a tier name."""
-    for name, floor in _BANDWIDTH_FLOORS:
-        if gbps >= floor:
-            return name
-    return "eth1g"
+    """Map a measured all-reduce bandwidth in Gbit/s to a tier name (the cluster profiler's table)."""
+    return classify_tier(gbps)
 
 
 def measure_bandwidth_gbps(process_group: dist.ProcessGroup | None = None) -> float:
