@@ -23,6 +23,7 @@ def balance_chart(result: dict[str, Any], path: str) -> None:
     ax1.bar(names, values, color=["#999999", "#d62728", "#1f77b4", "#2ca02c"][: len(values)])
     for x, v in enumerate(values):
         ax1.text(x, v, f"{v:.0f}\n({v / values[0]:.2f}x ideal)", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylim(0, max(values) * 1.18)
     ax1.set_ylabel("samples/s (global)")
     ax1.set_title("Throughput (median over rounds)")
     ax1.tick_params(axis="x", labelsize=8)
@@ -41,8 +42,8 @@ def balance_chart(result: dict[str, Any], path: str) -> None:
     ax2.barh(y, wait, left=[a + b for a, b in zip(comp, comm)], color="#d62728", label="waiting / overhead")
     ax2.set_yticks(list(y), labels, fontsize=8)
     ax2.invert_yaxis()
-    ax2.set_xlabel("seconds per step (last round; * = calibrated from equal shares)")
-    ax2.legend(fontsize=8, loc="lower right")
+    ax2.set_xlabel("seconds per step (last round; * = calibrated from equal shares)", fontsize=8)
+    ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     ax2.set_title("Per-rank step")
     tag = " [SIMULATED]" if result["emulation"] == "simulated" else ""
     fig.suptitle(f"Balance benchmark: compute {result['config']['compute']}, links {result['config']['link']}{tag}")
