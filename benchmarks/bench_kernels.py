@@ -171,7 +171,7 @@ def print_table(report: dict) -> None:
     for r in report["results"]:
         table.add_row(f"{r['n']:,}", f"{r['density']:.1%}", f"{r['k']:,}", r["path"], f"{r['median_ms']:.3f}",
                       f"{r['gbps']:.1f}", f"{r['x_floor']:.2f}", f"{r['speedup_vs_topk']:.2f}x")
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 132).print(table)  # NOTE: no 80-column cut in logs
 
 
 def main(argv: list[str] | None = None) -> int:
