@@ -129,8 +129,9 @@ def compact_torch(acc: torch.Tensor, state: torch.Tensor, capacity: int, *, pass
     shift = low_shift(passes)
     keys = abs_key(acc, passes)  # (n,) int32
     thr = state[0] >> shift
-    eq = keys == thr
-    take = (keys > thr) | (eq & (torch.cumsum(eq, 0) <= state[1]))
+    take = keys > thr  # (n,) bool
+    ties = torch.nonzero(keys == thr).flatten()[: int(state[1])]  # the first take_equal ties, index order
+    take[ties] = True
     idx = torch.nonzero(take).flatten()[:capacity]  # ascending index order, first `capacity`
     values, indices, count = _empty_outputs(acc, capacity)
     m = idx.numel()
