@@ -174,17 +174,18 @@ def _rank_pids(pid: int, rank: int, timeout: float = 60) -> list[int]:
 
 
 @needs_root
-def test_cli_cleans_up_after_a_killed_rank_and_after_sigterm():
+def test_cli_cleans_up_after_a_killed_rank_sigterm_and_ctrl_c():
     proc = _start_cli()
     try:
         os.kill(_rank_pids(proc.pid, 1)[0], signal.SIGKILL)
-        assert proc.wait(timeout=30) != 0
+        assert proc.wait(timeout=60) != 0
         assert _owned_by(proc.pid) == []
-        proc = _start_cli()
-        _rank_pids(proc.pid, 0)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) != 0
-        assert _owned_by(proc.pid) == []
+        for sig in (signal.SIGTERM, signal.SIGINT):  # kill(1) / systemd stop, and Ctrl-C
+            proc = _start_cli()
+            _rank_pids(proc.pid, 0)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=60) != 0, sig
+            assert _owned_by(proc.pid) == []
     finally:
         proc.kill()
 
