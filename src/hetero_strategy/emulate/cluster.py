@@ -90,6 +90,7 @@ class EmulatedCluster:
         if not self._open:
             return
         self._open = False
+        atexit.unregister(self.close)
         errors = []
         for cg in self.cgroups:
             try:
