@@ -8,9 +8,10 @@ Given the ``state = [threshold_key, take_equal]`` of :mod:`.threshold`, one pass
 * ``residual``: ``acc`` with every *sent* entry set to exactly 0 (not ``acc - acc``, which would
   turn an inf into NaN), so ``scatter(values) + residual == acc`` bitwise.
 
-Order is made deterministic by a per-block prefix count: a count kernel stores each block's
-number of ``key > threshold`` and ``key == threshold`` elements, ``torch.cumsum`` turns them
-into block offsets on the device, and the write kernel adds an in-block prefix sum.
+Order is made deterministic by a per-block prefix count: each block's number of ``key >
+threshold`` and ``key == threshold`` elements (from :func:`.threshold.topk_threshold_with_counts`
+at no extra read, or from a count kernel here), ``torch.cumsum`` over blocks on the device, and
+an in-block prefix sum in the write kernel.
 
 Capacity overflow: if more than ``capacity`` elements are selected, the first ``capacity`` in
 index order are sent and the rest **stay in the residual** (nothing is lost; ``count ==
@@ -173,9 +174,9 @@ def compact(
     if counts is None:
         counts = torch.empty(2, num_blocks, dtype=torch.int32, device=acc.device)
         launch(_count_kernel, (num_blocks,), acc, state, counts, n, num_blocks, LOW=shift, BLOCK=block)
-    elif counts.shape != (2, num_blocks) or counts.dtype != torch.int32:
+    elif counts.shape != (2, num_blocks) or counts.dtype != torch.int32 or not counts.is_contiguous():
         raise ValueError(
-            f"counts: shape {tuple(counts.shape)} {counts.dtype}, expected (2, {num_blocks}) int32; "
+            f"counts: shape {tuple(counts.shape)} {counts.dtype}, expected contiguous (2, {num_blocks}) int32; "
             "compute it with the same block size"
         )
     incl = torch.cumsum(counts, dim=1, dtype=torch.int32)  # (2, num_blocks), on the device
