@@ -174,6 +174,9 @@ def test_compact_alone_matches_reference_for_handmade_state():
         (lambda: ts.topk_select(torch.zeros(4), 1, -2, block=BLOCK), "capacity: -2"),
         (lambda: ts.topk_select(torch.zeros(4), 1, 1, block=48), "block: 48"),
         (lambda: ts.topk_select(torch.zeros(4), 1, 1, passes=4, block=BLOCK), "passes: 4"),
+        (lambda: cp.compact(torch.zeros(4), torch.zeros(2, dtype=torch.int32), 1, block=BLOCK,
+                            counts=torch.zeros(2, 3, dtype=torch.int32)), "counts: shape"),
+        (lambda: cp.compact(torch.zeros(4), torch.zeros(3, dtype=torch.int32), 1, block=BLOCK), "state: 3"),
     ],
 )
 def test_bad_input_is_refused_with_field_and_fix(call, match):
