@@ -38,7 +38,7 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.compression_wo
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
     parser.add_argument("--link", default="100mbit", help="slow link rate for the step-time run")
-    parser.add_argument("--rounds", type=int, default=5, help="timed steps per method (alternating)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed steps per method (alternating)")
     parser.add_argument("--steps", type=int, default=300, help="convergence step budget")
     parser.add_argument("--seeds", type=int, default=3, help="convergence seeds")
     parser.add_argument("--target", type=float, default=0.93, help="digits test accuracy to reach")

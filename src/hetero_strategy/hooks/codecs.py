@@ -64,16 +64,23 @@ def ef_accumulate_(buf: torch.Tensor, residual: torch.Tensor, gamma: float, back
     return buf.add_(residual, alpha=gamma)
 
 
+_SAMPLER = torch.Generator()
+
+
 def _threshold_indices(mag: torch.Tensor, k: int) -> torch.Tensor:
     """Ascending indices of the k largest entries of ``mag`` (CPU; ~1 pass for small k/n).
 
-    A strided sample gives a threshold a little below the k-th largest value; the exact top-k is
+    A random sample gives a threshold a little below the k-th largest value; the exact top-k is
     then taken among the few candidates above it. If the sample overshoots (fewer than k
     candidates) the exact k-th value is used instead.
     """
     n = mag.numel()
     if n > (1 << 16) and k * 20 < n:
-        sample = mag[:: n // 8192]  # (~8192,) strided view
+        # NOTE: a random (fixed-seed, so reruns select alike) sample, not a strided one: a stride
+        # that is a multiple of the kernel size samples one kernel position only (e.g. ResNet's
+        # layer4 at 32x32 input, where 8 of 9 positions have exactly zero gradient)
+        picks = torch.randint(n, (8192,), generator=_SAMPLER.manual_seed(n))  # (8192,) int64
+        sample = mag[picks]  # (8192,)
         want = min(sample.numel(), max(2, math.ceil(2 * k * sample.numel() / n)))  # 2x margin
         threshold = torch.topk(sample, want, sorted=False).values.min()
         cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k usually,) ascending
