@@ -137,16 +137,17 @@ class CompressedState(WeightedReduceState):
         layout, which changes after step 1 and differs again after a resume. A parameter goes
         dense when its gathered values+indices would outweigh a ring all-reduce: cap x W >= n.
         """
+        densities = []  # per rank; 0 for a rank skipping this step's exchange
+        for p in self.policies:
+            # a dense tier has no residual to keep a skipped gradient in, so it never skips
+            skip = p.tier_factor is not None and (step - self.schedule.warmup_steps) % p.exchange_every != 0
+            densities.append(0.0 if skip else self.schedule.density(step, p.tier_factor))
+        mine_d, max_d = densities[self.rank], max(densities)
         sparse, mine, caps = [], [], []
         for n in sizes:
-            ks = []
-            for p in self.policies:
-                # a dense tier has no residual to keep a skipped gradient in, so it never skips
-                skip = p.tier_factor is not None and (step - self.schedule.warmup_steps) % p.exchange_every != 0
-                ks.append(0 if skip else self.schedule.k(n, step, p.tier_factor))
-            cap = max(ks)
+            cap = self.schedule.k_for(n, max_d)  # k grows with density: the largest k over ranks
             sparse.append(cap * self.world < n)
-            mine.append(ks[self.rank])
+            mine.append(self.schedule.k_for(n, mine_d))
             caps.append(cap if sparse[-1] else n)
         return sparse, mine, caps
 
@@ -299,7 +300,7 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
         return exchange_topk(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
     payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
     residual.copy_(torch.where(torch.isnan(marker), residual, kept))
-    fut, gathered, sent = comm.all_gather(payload, state.process_group)
+    fut, gathered, sent = comm.all_gather(payload, state.exchange_group)
     state._account(bucket, mode, sent, buf.numel())
     dtype = buf.dtype
     return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))

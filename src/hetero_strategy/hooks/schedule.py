@@ -42,6 +42,14 @@ class DensitySchedule:
 
     def k(self, numel: int, step: int, tier_factor: float | None) -> int:
         """Entries sent from a bucket of ``numel`` entries (at least 1 for a non-empty bucket)."""
-        if numel == 0:
+        return self.k_for(numel, self.density(step, tier_factor))
+
+    @staticmethod
+    def k_for(numel: int, density: float) -> int:
+        """ceil(density x numel), at least 1 for a non-empty tensor; 0 for density 0 (a skipped step).
+
+        Non-decreasing in density, so the largest k over ranks is the k of the largest density.
+        """
+        if numel == 0 or density <= 0.0:
             return 0
-        return min(numel, max(1, math.ceil(self.density(step, tier_factor) * numel)))
+        return min(numel, max(1, math.ceil(density * numel)))
