@@ -122,6 +122,8 @@ def _summarise(rounds: list[dict], args: argparse.Namespace, description: list[d
         "fast_rank_idle_fraction_ddp": med("fast_rank_idle_fraction_ddp"),
         "fast_rank_idle_fraction_hetero": med("fast_rank_idle_fraction_hetero"),
         "fast_rank_idle_fraction_hetero_calibrated": med("fast_rank_idle_fraction_hetero_cal"),
+        "fast_rank_idle_fraction_solo_estimate": {
+            m: med(f"fast_rank_idle_fraction_{m}_solo_estimate") for m in _TRAININGS},
         "balance_ddp": med("balance_ddp"), "balance_hetero": med("balance_hetero"),
         "balance_hetero_calibrated": med("balance_hetero_cal"),
         "batch_sizes": {m: rounds[-1]["modes"][m]["batch_sizes"] for m in _TRAININGS},

@@ -6,7 +6,9 @@ Definitions (issue 3):
 * t_ar: a bare all-reduce of the model's gradient.
 * ideal = G / (G / sum_i r_i + t_ar): a perfectly balanced step that hides no communication.
 * fast-rank idle = share of the fast rank's step spent waiting beyond its compute and t_ar:
-  max(0, T - b_fast / r_fast - t_ar) / T.
+  max(0, T - c_fast - t_ar) / T, with c_fast the fast rank's compute time measured in the run
+  (step start to its last gradient; on CPU this includes the cost of the overlapped all-reduce
+  work on the rank's one core). The solo-speed estimate c_fast = b_fast / r_fast is kept too.
 * balance = 1 - (max_r c_r - min_r c_r) / max_r c_r over per-rank compute times c_r.
 """
 
@@ -36,12 +38,14 @@ def mode_figures(ranks: list[dict], solo: dict[str, Any], measure: int) -> dict[
     sizes = [int(statistics.median(r["batches"][-measure:])) for r in ranks]
     g = sum(sizes)
     fast = max(range(len(speeds)), key=lambda k: speeds[k])
-    idle = max(0.0, step - sizes[fast] / speeds[fast] - t_ar) / step
-    if all("compute_s" in r for r in ranks):  # measured compute (waiting for peers excluded)
+    estimate = [b / s for b, s in zip(sizes, speeds)]  # compute time predicted by the solo speeds
+    if all("compute_s" in r for r in ranks):  # measured in the run (waiting for peers excluded)
         compute = [statistics.median(r["compute_s"][-measure:]) for r in ranks]
-    else:  # plain DDP has no such clock: estimate from the solo speeds
-        compute = [b / s for b, s in zip(sizes, speeds)]
-    out = {"samples_per_s": g / step, "step_s": step, "batch_sizes": sizes, "fast_rank_idle_fraction": idle,
+    else:
+        compute = estimate
+    out = {"samples_per_s": g / step, "step_s": step, "batch_sizes": sizes,
+           "fast_rank_idle_fraction": max(0.0, step - compute[fast] - t_ar) / step,
+           "fast_rank_idle_fraction_solo_estimate": max(0.0, step - estimate[fast] - t_ar) / step,
            "compute_s": compute, "balance": 1.0 - (max(compute) - min(compute)) / max(compute)}
     if "decisions" in ranks[0]:
         out["decisions"] = ranks[0]["decisions"]
@@ -55,6 +59,7 @@ def round_figures(solo: dict[str, Any], modes: dict[str, dict[str, Any]], global
         out[f"{name}_samples_per_s"] = m["samples_per_s"]
         out[f"{name}_vs_ideal"] = m["samples_per_s"] / ideal
         out[f"fast_rank_idle_fraction_{name}"] = m["fast_rank_idle_fraction"]
+        out[f"fast_rank_idle_fraction_{name}_solo_estimate"] = m["fast_rank_idle_fraction_solo_estimate"]
         out[f"balance_{name}"] = m["balance"]
         if name != "ddp" and "ddp" in modes:
             out[f"{name}_speedup_vs_ddp"] = m["samples_per_s"] / modes["ddp"]["samples_per_s"]
