@@ -23,11 +23,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "goals", "run"]
 
 _WORKER = "hetero_strategy.benchmarks_impl.balance_worker"
 _TRAININGS = ("ddp", "hetero", "hetero_cal")
-_GOALS = {"throughput_vs_ideal": 0.95, "speedup_vs_ddp": 1.3, "fast_rank_idle_fraction_hetero": 0.05}
+# Issue 3's goals, for the static probe and for calibration from equal shares (idle: at most).
+_GOALS = {"throughput_vs_ideal": 0.95, "speedup_vs_ddp": 1.3, "fast_rank_idle_fraction_hetero": 0.05,
+          "throughput_vs_ideal_calibrated": 0.95, "speedup_vs_ddp_calibrated": 1.3,
+          "fast_rank_idle_fraction_hetero_calibrated": 0.05}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,9 +133,13 @@ def _summarise(rounds: list[dict], args: argparse.Namespace, description: list[d
         "calibration_decisions": rounds[-1]["modes"]["hetero_cal"].get("decisions"),
         "rounds": rounds,
     }
-    result["goals"] = {k: {"goal": v, "met": result[k] >= v if "idle" not in k else result[k] <= v}
-                       for k, v in _GOALS.items()}
+    result["goals"] = goals(result)
     return result
+
+
+def goals(result: dict) -> dict[str, dict]:
+    return {k: {"goal": v, "value": result[k], "met": result[k] >= v if "idle" not in k else result[k] <= v}
+            for k, v in _GOALS.items()}
 
 
 def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
@@ -144,6 +151,7 @@ def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     png = args.png or str(path.with_suffix(".png"))
     result["png"] = png
+    result["command"] = " ".join(sys.argv)
     path.write_text(json.dumps(result, indent=2))
     balance_chart(result, png)
     tag = " [bold red](SIMULATED)" if result["emulation"] == "simulated" else ""
