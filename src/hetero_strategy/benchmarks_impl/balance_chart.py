@@ -1,5 +1,5 @@
-"""PNG of the balance benchmark: throughput vs the ideal, and each rank's step split into
-compute, all-reduce and waiting (per mode)."""
+"""PNG of the balance benchmark: throughput vs the ideal, and each rank's step split into its
+measured compute, the bare all-reduce time and the rest (waiting, overhead), per mode."""
 
 from __future__ import annotations
 
@@ -27,17 +27,17 @@ def balance_chart(result: dict[str, Any], path: str) -> None:
     ax1.set_ylabel("samples/s (global)")
     ax1.set_title("Throughput (median over rounds)")
     ax1.tick_params(axis="x", labelsize=8)
-    speeds, t_ar = result["solo_samples_per_s"], result["t_ar_s"]
+    t_ar = result["t_ar_s"]
     labels, comp, comm, wait = [], [], [], []
     for m, fig_m in modes.items():
         for r, b in enumerate(fig_m["batch_sizes"]):
-            c = b / speeds[r]
+            c = fig_m["compute_s"][r]  # measured in the run, waiting for peers excluded
             labels.append(f"{_LABELS[m].split(' ')[0]}{'*' if m == 'hetero_cal' else ''} r{r} (b={b})")
             comp.append(c)
             comm.append(min(t_ar, max(0.0, fig_m["step_s"] - c)))
             wait.append(max(0.0, fig_m["step_s"] - c - t_ar))
     y = range(len(labels))
-    ax2.barh(y, comp, color="#1f77b4", label="compute (solo speed)")
+    ax2.barh(y, comp, color="#1f77b4", label="compute (measured)")
     ax2.barh(y, comm, left=comp, color="#ff7f0e", label="bare all-reduce t_ar")
     ax2.barh(y, wait, left=[a + b for a, b in zip(comp, comm)], color="#d62728", label="waiting / overhead")
     ax2.set_yticks(list(y), labels, fontsize=8)
