@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint clean bench
+.PHONY: install demo test lint clean bench-balance bench-compression bench-kernels
 
 install: $(STAMP)
 
@@ -22,6 +22,16 @@ demo: install
 
 test: install
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
+
+# Benchmarks (not tests): the emulated-cluster ones need root; bench-kernels needs a CUDA GPU.
+bench-balance: install
+	$(BIN)/hetero-strategy bench balance --json benchmarks/results/balance.json
+
+bench-compression: install
+	$(BIN)/hetero-strategy bench compression --json benchmarks/results/compression.json
+
+bench-kernels: install
+	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/kernels.json
 
 lint: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
