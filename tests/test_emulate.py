@@ -119,7 +119,8 @@ def test_tbf_link_rate_within_20_percent_and_gloo_works_across_namespaces():
         assert int(got) == n
         assert n * 8 / float(seconds) / 1e6 == pytest.approx(50, rel=0.2)
         code = ("import torch, torch.distributed as d; d.init_process_group('gloo'); "
-                "x = torch.full((4,), float(d.get_rank() + 1)); d.all_reduce(x); print(x.tolist())")
+                "x = torch.full((4,), float(d.get_rank() + 1)); d.all_reduce(x); print(x.tolist()); "
+                "d.barrier(); d.destroy_process_group()")  # no rank leaves while its peer still talks
         res = cluster.run([PY, "-c", code], timeout=90)
     assert res.ok, res.outputs
     assert all("[3.0, 3.0, 3.0, 3.0]" in out for out in res.outputs)

@@ -72,6 +72,8 @@ def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_
         return _assemble(ranks, sweep, p2p, world)
     finally:
         if owned:
+            # NOTE: gloo aborts a process whose peer hung up mid-exchange; leave together.
+            dist.barrier()
             dist.destroy_process_group()
 
 
