@@ -69,11 +69,11 @@ def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_
             p2p = probes.p2p_matrix(device, p2p_bytes)
             mine["latency_us"] = probes.allreduce_latency(device, latency_iters)
         ranks = _gather(mine, world)
+        if owned:
+            dist.barrier()  # NOTE: gloo aborts a process whose peer hung up mid-exchange; leave together
         return _assemble(ranks, sweep, p2p, world)
     finally:
         if owned:
-            # NOTE: gloo aborts a process whose peer hung up mid-exchange; leave together.
-            dist.barrier()
             dist.destroy_process_group()
 
 
