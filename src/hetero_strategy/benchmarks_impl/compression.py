@@ -134,7 +134,8 @@ def _chart(methods: dict, path: Path) -> None:
     for ax, (key, title) in zip(axes, panels):
         vals = [(methods[n][key] or 0) / (1e6 if key == "bytes_per_step" else 1) for n in names]
         ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#2a6", "#6c6"][: len(names)])
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + " (log)", fontsize=10)
+        ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
