@@ -15,7 +15,15 @@ from dist_utils import init_gloo, run_distributed
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetero_strategy.hooks import CastState, CompressedState, cast_hook, topk_hook
+from hetero_strategy.hooks import (
+    CastState,
+    CompressedState,
+    PowerSGDBaselineState,
+    cast_hook,
+    onebit_hook,
+    powersgd_weighted_hook,
+    topk_hook,
+)
 
 SIZES = [200, 120, 64]  # parameters of the hand-built model
 
@@ -142,15 +150,19 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _dense_equal_worker(rank: int, world: int) -> None:
     init_gloo(rank, world)
-    for method in ("topk", "fp16", "bf16"):
+    for method in ("topk", "fp16", "bf16", "powersgd"):
         _dense_equal(rank, world, method)
 
 
 def _dense_equal(rank: int, world: int, method: str) -> None:
     torch.manual_seed(0)
     ref = Net()
-    model = DDP(copy.deepcopy(ref), bucket_cap_mb=0.001)
-    if method == "topk":
+    # PowerSGD (upstream) needs one bucket on gloo; its first 10 iterations are dense by design
+    model = DDP(copy.deepcopy(ref), bucket_cap_mb=100 if method == "powersgd" else 0.001)
+    if method == "powersgd":
+        state = PowerSGDBaselineState(rank=2, start_iter=10)
+        model.register_comm_hook(state, powersgd_weighted_hook)
+    elif method == "topk":
         state = CompressedState(method="topk", base_density=1.0, min_density=1.0, dense_warmup_steps=1,
                                 dense_sync_every=0)
         model.register_comm_hook(state, topk_hook)
@@ -175,7 +187,8 @@ def _dense_equal(rank: int, world: int, method: str) -> None:
             nn.functional.mse_loss(local(x[r_lo:r_lo + sizes[r]]), y[r_lo:r_lo + sizes[r]]).backward()
             for p, q in zip(ref.parameters(), local.parameters()):
                 p.grad += q.grad * sizes[r] / 8
-        tol = dict(rtol=1e-5, atol=1e-6) if method == "topk" else dict(rtol=2e-2, atol=1e-3)
+        exact = method in ("topk", "powersgd")
+        tol = dict(rtol=1e-5, atol=1e-6) if exact else dict(rtol=2e-2, atol=1e-3)
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **tol, msg=f"{method} step {step}")
         opt.step()
@@ -187,7 +200,8 @@ def _dense_equal(rank: int, world: int, method: str) -> None:
 
 def test_density_one_and_casts_equal_weighted_dense() -> None:
     """Density 1.0 equals the sample-weighted dense reduction to fp32 rounding (over DDP's bucket
-    rebuild, unequal batches); the fp16/bf16 casts equal it to half-precision rounding."""
+    rebuild, unequal batches), and so does the PowerSGD wrapper's dense phase (its weighting);
+    the fp16/bf16 casts equal it to half-precision rounding."""
     run_distributed(_dense_equal_worker, 2, timeout=90)
 
 
@@ -247,3 +261,36 @@ def test_checkpoint_resume_reproduces_uninterrupted_run() -> None:
     """state_dict -> fresh DDP + load_state_dict -> the same weights and residuals as never stopping
     (with clipping, a cosine schedule, a dense sync after the resume, several buckets)."""
     run_distributed(_resume_worker, 2, timeout=90)
+
+
+def _onebit_worker(rank: int, world: int) -> None:
+    init_gloo(rank, world)
+    model = DDP(HandGrad())
+    state = CompressedState(method="onebit", dense_warmup_steps=1, dense_sync_every=3, ef_gamma=0.8)
+    model.register_comm_hook(state, onebit_hook)
+    residual = [[torch.zeros(n) for n in SIZES] for _ in range(world)]
+    for step in range(5):
+        grads = {r: _grads(step + 10, r) for r in range(world)}  # step + 10: no zero/NaN steps here
+        state.set_local_batch(1, 2)
+        model.zero_grad()
+        model([g.clone() for g in grads[rank]]).backward()
+        expected = [torch.zeros(n) for n in SIZES]
+        for r in range(world):
+            for i in range(len(SIZES)):
+                g = grads[r][i] * 0.5
+                if step == 0:  # dense warm-up
+                    expected[i] += g
+                    continue
+                acc = g + 0.8 * residual[r][i]
+                sent = acc if step == 3 else acc.abs().mean() * torch.where(acc >= 0, 1.0, -1.0)
+                expected[i] += sent
+                residual[r][i] = acc - sent
+        for i, p in enumerate(model.module.ps):
+            torch.testing.assert_close(p.grad, expected[i], rtol=1e-5, atol=1e-6, msg=f"step {step} p{i}")
+    assert state.last_modes and set(state.last_modes.values()) == {"onebit"}
+
+
+def test_onebit_signs_with_per_parameter_scales_and_dense_sync() -> None:
+    """1-bit: sum over ranks of mean|acc_p| * sign(acc) per parameter, error feedback with gamma,
+    and the periodic dense sync (step 3) that sends everything and flushes the residual."""
+    run_distributed(_onebit_worker, 2, timeout=90)

@@ -301,6 +301,6 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
     payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
     residual.copy_(torch.where(torch.isnan(marker), residual, kept))
     fut, gathered, sent = comm.all_gather(payload, state.exchange_group)
-    state._account(bucket, mode, sent, buf.numel())
+    state._account(bucket, "onebit", sent, buf.numel())
     dtype = buf.dtype
     return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))
