@@ -1,5 +1,6 @@
 """The compression hooks through HeteroStrategy (2 gloo ranks, unequal batches): density 1.0 equals
-one-process SGD with the global batch; a sparse run keeps ranks identical and logs its bytes."""
+one-process SGD with the global batch; a sparse run keeps ranks identical and counts its bytes;
+an epoch-bounded run takes its schedule period from Lightning's step estimate."""
 
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ def _fit(rank: int, world_size: int) -> dict:
         "density_one": dict(compression="topk", base_density=1.0, min_density=1.0, dense_warmup_steps=1),
         "sparse": dict(compression="tiered", tiers=["ib", "eth1g"], base_density=0.5, min_density=0.1,
                        dense_warmup_steps=1),
+        "by_epochs": dict(compression="topk", base_density=0.5, min_density=0.1, dense_warmup_steps=1),
     }.items():
         model = Regressor()
         strategy = HeteroStrategy(batch_sizes=[3, 13], **extra)
-        trainer = L.Trainer(strategy=strategy, max_steps=5, **trainer_kwargs())
+        length = dict(max_epochs=1) if name == "by_epochs" else dict(max_steps=5)
+        trainer = L.Trainer(strategy=strategy, **length, **trainer_kwargs())
         trainer.fit(model, loader(make_data(80), batch_size=8))
         state = strategy.hook_state
         out[name] = {"weights": [p.detach().clone() for p in model.net.parameters()], "step": state.step,
                      "bytes": state.total_bytes_sent, "tiers": state.tiers,
-                     "residuals": state.state_dict()["residuals"]}
+                     "residuals": state.state_dict()["residuals"], "period": state.schedule.period}
     return out
 
 
@@ -41,3 +44,5 @@ def test_hetero_strategy_with_compression() -> None:
     for a, b in zip(ranks[0]["sparse"]["weights"], ranks[1]["sparse"]["weights"]):
         assert torch.equal(a, b), "ranks must hold identical weights"
     assert any(v.abs().sum() > 0 for v in ranks[1]["sparse"]["residuals"].values())
+    # without max_steps the cosine period is the run's length: 80 samples / 16 per step, 1 epoch
+    assert ranks[0]["by_epochs"]["period"] == 5 and ranks[0]["by_epochs"]["step"] == 5

@@ -176,3 +176,16 @@ def test_large_topk_selects_exactly_the_largest(case: str) -> None:
     want = torch.topk(acc.abs(), k).indices
     assert set(sent.nonzero().squeeze(1).tolist()) == set(want.tolist())
     torch.testing.assert_close(sent + residual, acc, rtol=0, atol=0)
+
+
+def test_period_from_a_lazy_run_length() -> None:
+    """T = the run's length when known only later (Lightning's estimated_stepping_batches)."""
+    state = CompressedState(method="topk", base_density=0.04, min_density=0.001, dense_warmup_steps=1,
+                            max_steps=lambda: 200)
+    assert state.schedule.period == 1000  # not known yet
+    assert state.mode(5) == "compressed" and state.schedule.period == 200
+    density = 0.04 * (1 + math.cos(math.pi * 60 / 200)) / 2  # step 61 = 60 steps after the warm-up
+    assert state.plan(61, [1000])[1] == [math.ceil(density * 1000)]
+    unknown = CompressedState(method="topk", max_steps=lambda: float("inf"))
+    unknown.mode(20)
+    assert unknown.schedule.period == 1000

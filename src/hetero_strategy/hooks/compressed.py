@@ -24,7 +24,9 @@ Example::
 """
 
 # NOTE: no `from __future__ import annotations`: DDP checks the hook's real annotation objects.
+import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -48,7 +50,9 @@ class CompressedState(WeightedReduceState):
     Args:
         config: a :class:`CompressionConfig`; or pass its fields as keywords.
         process_group: the group to reduce over (None: the default group).
-        max_steps: the run's length; the cosine period when ``density_period`` is None.
+        max_steps: the run's length, the cosine period when ``density_period`` is None; or a
+            callable giving it, read at the first compressed step (e.g. Lightning's
+            ``trainer.estimated_stepping_batches``, known only once the data is set up).
 
     Tuning: start from base_density 0.01 with 10 dense warm-up steps; lower min_density on slow
     links; a dense sync every 100 steps bounds drift; use clip_norm when the loss spikes early.
@@ -56,7 +60,7 @@ class CompressedState(WeightedReduceState):
 
     __slots__ = [  # grouped by role, as in PyTorch's hook states
         # hyper-parameters
-        "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier",
+        "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
         "memory", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
         # stats
@@ -65,7 +69,7 @@ class CompressedState(WeightedReduceState):
     ]  # fmt: skip
 
     def __init__(self, config: "CompressionConfig | None" = None, process_group: "dist.ProcessGroup | None" = None,
-                 *, max_steps: "int | None" = None, **fields) -> None:
+                 *, max_steps: "int | Callable[[], int | float] | None" = None, **fields) -> None:
         super().__init__(process_group)
         if config is None:
             fields.setdefault("method", "topk")
@@ -87,7 +91,9 @@ class CompressedState(WeightedReduceState):
             # leaders run the compressed exchange among themselves; the rest only reduce densely
             self.exchange_group = self.hier.cross
             self.rank, self.world = self.hier.leaders.index(self.hier.leader), len(self.hier.leaders)
-        period = config.density_period or (max_steps if max_steps and max_steps > 0 else 1000)
+        self._period_source = None if config.density_period or not callable(max_steps) else max_steps
+        fixed = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
+        period = config.density_period or fixed or 1000
         self.schedule = DensitySchedule(config.base_density, config.min_density, config.dense_warmup_steps,
                                         period, cosine=config.density_schedule == "cosine")
         if self.hier is None or self.hier.is_leader:
@@ -125,10 +131,22 @@ class CompressedState(WeightedReduceState):
         """warmup, dense (periodic full-precision sync) or compressed, from the step alone."""
         if self.schedule.in_warmup(step):
             return "warmup"
+        if self._period_source is not None:
+            self._resolve_period()
         every = self.config.dense_sync_every
         if every and step > self.schedule.warmup_steps and step % every == 0:
             return "dense"
         return "compressed"
+
+    def _resolve_period(self) -> None:
+        """Replace the default period by the run's length once it is known (same on every rank)."""
+        source, self._period_source = self._period_source, None
+        try:
+            steps = source()
+        except Exception:  # noqa: BLE001 - NOTE: no length (e.g. an iterable dataset): keep the default
+            return
+        if isinstance(steps, (int, float)) and math.isfinite(steps) and steps > 0:
+            self.schedule = dataclasses.replace(self.schedule, period=int(steps))
 
     def plan(self, step: int, sizes: "list[int]") -> "tuple[list[bool], list[int], list[int]]":
         """Per parameter of a bucket: (sparse?, this rank's k, capacity = max k over ranks).

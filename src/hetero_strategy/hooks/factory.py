@@ -29,9 +29,14 @@ __all__ = ["build_comm_hook"]
 _Builder = Callable[[CompressionConfig, Any, Any], tuple[WeightedReduceState, Callable]]
 
 
-def _max_steps(trainer: Any) -> int | None:
+def _max_steps(trainer: Any) -> int | Callable[[], Any] | None:
+    """trainer.max_steps when set; else Lightning's estimate, read lazily (it needs the data)."""
     steps = getattr(trainer, "max_steps", None)
-    return steps if isinstance(steps, int) and steps > 0 else None
+    if isinstance(steps, int) and steps > 0:
+        return steps
+    if trainer is not None and hasattr(trainer, "estimated_stepping_batches"):
+        return lambda: trainer.estimated_stepping_batches
+    return None
 
 
 _BUILDERS: dict[str, _Builder] = {
