@@ -3,6 +3,7 @@ tiers, factory, and the hooks on a stand-in bucket (world size 1), against hand-
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -189,3 +190,19 @@ def test_period_from_a_lazy_run_length() -> None:
     unknown = CompressedState(method="topk", max_steps=lambda: float("inf"))
     unknown.mode(20)
     assert unknown.schedule.period == 1000
+
+
+def test_tier_from_a_cluster_profile(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetero_strategy.cluster.profile import SCHEMA
+
+    monkeypatch.delenv("HETERO_TIER", raising=False)
+    path = tmp_path / "cluster.json"
+    rank0 = {"rank": 0, "compute_score": 1.0, "bandwidth_gbit_s": 0.1, "tier": "eth1g"}
+    path.write_text(json.dumps({"schema": SCHEMA, "ranks": [rank0]}))
+    state = CompressedState(method="tiered", tier_profile=str(path))
+    assert state.tiers == ["eth1g"] and state.policies[0].exchange_every == 5
+    path.write_text(json.dumps({"schema": SCHEMA, "ranks": [rank0, {**rank0, "rank": 1}]}))
+    with pytest.raises(ValueError, match="profiles 2 ranks but the job has 1"):
+        CompressedState(method="tiered", tier_profile=str(path))
+    with pytest.raises(ValueError, match="tier_profile='/nonexistent.json' is invalid"):
+        CompressedState(method="tiered", tier_profile="/nonexistent.json")

@@ -160,6 +160,9 @@ class CompressionConfig:
     """This rank's link tier (nvlink, ib, eth10g, eth1g); None reads HETERO_TIER or measures."""
     tiers: list[str] | None = None
     """Per-rank link tiers (one per rank; overrides ``tier``), for one config shared by all ranks."""
+    tier_profile: str | None = None
+    """Path of a cluster profile JSON (``hetero-strategy profile``) whose per-rank tiers to use when
+    neither tiers, tier nor HETERO_TIER name one."""
     tier_overrides: dict[str, dict[str, Any]] | None = None
     """Per-tier changes of the defaults, e.g. {"eth1g": {"tier_factor": 0.05, "exchange_every": 2,
     "gamma": 0.9}}; tier_factor None makes a tier dense."""
@@ -205,6 +208,8 @@ class CompressionConfig:
             for i, t in enumerate(self.tiers):
                 if t not in TIERS:
                     _fail(f"tiers[{i}]", t, f"choose one of {', '.join(TIERS)}")
+        if self.tier_profile is not None and not isinstance(self.tier_profile, (str, Path)):
+            _fail("tier_profile", self.tier_profile, "give the path of a cluster profile JSON, or None")
         self._check_tier_overrides()
         self._check_int("dense_warmup_steps", self.dense_warmup_steps, 1,
                         "DDP rebuilds its buckets after step 1, so at least the first step is dense")

@@ -26,6 +26,7 @@ Example::
 # NOTE: no `from __future__ import annotations`: DDP checks the hook's real annotation objects.
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -38,7 +39,7 @@ from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
 from hetero_strategy.hooks.hierarchy import build_fast_groups, hierarchical_exchange
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
-from hetero_strategy.hooks.tiers import TierPolicy, gather_tiers, resolve_tier, tier_policy
+from hetero_strategy.hooks.tiers import TIER_ENV, TierPolicy, gather_tiers, resolve_tier, tier_policy
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState", "onebit_hook", "topk_hook"]
@@ -118,7 +119,10 @@ class CompressedState(WeightedReduceState):
                              f"{world} ranks; give one tier per rank")
         me = dist.get_rank(group) if self.hier is None and dist.is_initialized() else (
             dist.get_rank() if dist.is_initialized() else 0)
-        mine = resolve_tier(config.tiers[me] if config.tiers else config.tier, group)
+        mine = config.tiers[me] if config.tiers else config.tier
+        if mine is None and config.tier_profile is not None and not os.environ.get(TIER_ENV):
+            mine = _profile_tier(config.tier_profile, me, world)
+        mine = resolve_tier(mine, group)
         tiers = gather_tiers(mine, group)
         return tiers, [tier_policy(t, config.tier_overrides) for t in tiers]
 
@@ -217,6 +221,20 @@ class CompressedState(WeightedReduceState):
             self.density = self._acc_entries / max(self._acc_numel, 1)
             self.last_modes = self._modes
             self._reset_step_stats()
+
+
+def _profile_tier(path: str, rank: int, world: int) -> str:
+    """This rank's tier from a cluster profile JSON written by ``hetero-strategy profile``."""
+    from hetero_strategy.cluster.profile import load_profile
+
+    try:
+        tiers = load_profile(path).tiers
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"tier_profile={path!r} is invalid: {e}; run `hetero-strategy profile` to write one") from e
+    if len(tiers) != world:
+        raise ValueError(f"tier_profile={path!r} is invalid: it profiles {len(tiers)} ranks but the job has "
+                         f"{world}; profile this cluster again")
+    return tiers[rank]
 
 
 def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
