@@ -29,7 +29,8 @@ def _fit(rank: int, world_size: int) -> dict:
         state = strategy.hook_state
         out[name] = {"weights": [p.detach().clone() for p in model.net.parameters()], "step": state.step,
                      "bytes": state.total_bytes_sent, "tiers": state.tiers,
-                     "residuals": state.state_dict()["residuals"], "period": state.schedule.period}
+                     "residuals": state.state_dict()["residuals"], "period": state.schedule.period,
+                     "metrics": state.metrics()}
     return out
 
 
@@ -41,6 +42,7 @@ def test_hetero_strategy_with_compression() -> None:
     for r in ranks:
         assert r["sparse"]["step"] == 5 and r["sparse"]["bytes"] > 0
         assert r["sparse"]["tiers"] == ["ib", "eth1g"]
+        assert set(r["sparse"]["metrics"]) == {"comm/bytes_sent", "comm/bytes_received", "comm/density"}
     for a, b in zip(ranks[0]["sparse"]["weights"], ranks[1]["sparse"]["weights"]):
         assert torch.equal(a, b), "ranks must hold identical weights"
     assert any(v.abs().sum() > 0 for v in ranks[1]["sparse"]["residuals"].values())

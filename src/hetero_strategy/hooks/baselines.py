@@ -40,6 +40,10 @@ class CastState(WeightedReduceState):
         self.density = 1.0
         self._acc_sent = self.last_bytes_sent = self.last_bytes_received = 0
 
+    def metrics(self) -> dict[str, float]:
+        """Last step's communication, for a logger (same keys as CompressedState.metrics)."""
+        return _metrics(self)
+
 
 def cast_hook(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``buffer *= b_r/G``, cast to ``state.dtype``, all-reduce, cast back.
@@ -72,6 +76,10 @@ class PowerSGDBaselineState(WeightedReduceState):
                                             use_error_feedback=True, random_seed=0)
         self.density = 1.0
         self._acc_sent = self.last_bytes_sent = self.last_bytes_received = 0
+
+    def metrics(self) -> dict[str, float]:
+        """Last step's communication, for a logger (same keys as CompressedState.metrics)."""
+        return _metrics(self)
 
     def state_dict(self) -> dict:
         out = super().state_dict()
@@ -117,6 +125,11 @@ def powersgd_weighted_hook(state: PowerSGDBaselineState, bucket: dist.GradBucket
         state.last_bytes_sent = state.last_bytes_received = state._acc_sent
         state._acc_sent = 0
     return fut
+
+
+def _metrics(state) -> dict[str, float]:
+    return {"comm/bytes_sent": float(state.last_bytes_sent), "comm/bytes_received": float(state.last_bytes_received),
+            "comm/density": float(state.density)}
 
 
 def _move_state(ps: "_psgd.PowerSGDState", bucket: dist.GradBucket) -> None:

@@ -173,6 +173,11 @@ class CompressedState(WeightedReduceState):
             caps.append(cap if sparse[-1] else n)
         return sparse, mine, caps
 
+    def metrics(self) -> dict[str, float]:
+        """Last step's communication, for a logger: bytes sent/received by this rank, density."""
+        return {"comm/bytes_sent": float(self.last_bytes_sent), "comm/bytes_received": float(self.last_bytes_received),
+                "comm/density": float(self.density)}
+
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         out = super().state_dict()
