@@ -6,7 +6,8 @@
    compress (it measures the link and picks its tier itself there).
 3. Convergence on sklearn digits (MLP, 2 ranks, loopback, several seeds): test accuracy after a
    fixed budget and steps to the target accuracy; the tiered policy uses the tier the slow link
-   gets (eth1g), so time-to-target = steps-to-target x slow-link step time.
+   gets (eth1g), so time-to-target = steps-to-target x slow-link step time, with the dense steps
+   taken on the way (warm-up, periodic dense sync) charged at dense fp32's step time.
 
 Writes JSON ``{"methods": {name: {step_time_s, bytes_per_step, accuracy, steps_to_target,
 time_to_target_s, ...}}, ...}`` and a PNG chart beside it.
@@ -79,17 +80,26 @@ def _emulated(args: list[str], link: str, timeout: float) -> None:
         raise RuntimeError(f"emulated bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
 
 
+def _step_time(step: dict, fast: dict, m: str, link: str, computed: bool) -> float:
+    if computed:  # compute measured unthrottled + the measured bytes over the link rate
+        return statistics.mean(fast[m]["step_s"]) + statistics.mean(step[m]["bytes"]) * 8 / parse_rate(link)
+    return statistics.mean(step[m]["step_s"])
+
+
 def _summarise(step: dict, fast: dict, conv: dict, link: str, computed: bool) -> dict:
+    """Per method; time-to-target charges the dense steps taken before the target (warm-up,
+    periodic dense sync) at dense fp32's step time and the others at the method's own."""
     methods = {}
+    dense_s = _step_time(step, fast, "dense_fp32", link, computed)
     for m, timing in step.items():
         if m.startswith("_"):
             continue
-        step_s = statistics.mean(timing["step_s"])
-        if computed:  # compute measured unthrottled + the measured bytes over the link rate
-            step_s = statistics.mean(fast[m]["step_s"]) + statistics.mean(timing["bytes"]) * 8 / parse_rate(link)
+        step_s = _step_time(step, fast, m, link, computed)
         runs = conv[m]
         reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
         steps_to_target = statistics.mean(reached) if len(reached) == len(runs) else None
+        times = [(r["dense_steps_to_target"] or 0) * dense_s + (r["steps_to_target"] - (r["dense_steps_to_target"] or 0))
+                 * step_s for r in runs if r["steps_to_target"] is not None]
         methods[m] = {
             "step_time_s": step_s,
             "bytes_per_step": statistics.mean(timing["bytes"]),
@@ -99,7 +109,8 @@ def _summarise(step: dict, fast: dict, conv: dict, link: str, computed: bool) ->
             "accuracy_per_seed": [r["accuracy"] for r in runs],
             "steps_to_target": steps_to_target,
             "steps_to_target_per_seed": [r["steps_to_target"] for r in runs],
-            "time_to_target_s": None if steps_to_target is None else steps_to_target * step_s,
+            "dense_steps_to_target_per_seed": [r["dense_steps_to_target"] for r in runs],
+            "time_to_target_s": None if steps_to_target is None else statistics.mean(times),
         }
     return methods
 
@@ -153,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"bench compression: step time on {args.link} (emulated namespaces) ...", flush=True)
             _emulated(["steptime", "--out", slow, "--rounds", str(args.rounds)], args.link, timeout=900)
         print("bench compression: convergence on digits (loopback) ...", flush=True)
-        _local(["converge", "--out", conv, "--steps", str(args.steps), "--seeds", str(args.seeds),
+        _local(["converge", "--out", conv, "--steps", str(args.steps), "--seeds", str(args.seeds), "--warmup", "1",
                 "--target", str(args.target), "--lr", str(args.lr), "--momentum", "0"], timeout=900)
         fast_r = json.loads(Path(fast).read_text())
         slow_r = fast_r if args.simulate_link else json.loads(Path(slow).read_text())
