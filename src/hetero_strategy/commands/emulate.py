@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]emulate: {e}")
         return 2
-    # SIGTERM must unwind through the `with` below so that everything is removed.
-    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    # SIGTERM and Ctrl-C must unwind through the `with` below so that everything is removed.
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with cluster:
             for name in cluster.stale_removed:
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         console.print("[yellow]emulate: interrupted; every rank stopped and the cluster removed")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _resolve(args, parse_float_list, parse_link_list):
@@ -96,5 +97,12 @@ def _resolve(args, parse_float_list, parse_link_list):
     return compute, parse_link_list(args.link), latency
 
 
-def _raise_exit(signum: int, frame: object) -> None:
+def _on_signal(signum: int, frame: object) -> None:
+    from hetero_strategy.emulate.launch import request_stop
+
+    # NOTE: the exception raised here can be swallowed by CPython when the signal lands in an
+    # at-fork hook; request_stop() makes the rank watcher raise it again.
+    request_stop(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     sys.exit(128 + signum)

@@ -12,10 +12,18 @@ from dataclasses import dataclass, field
 
 from hetero_strategy.emulate.throttle import DutyCycle
 
-__all__ = ["RankProcess", "RunResult", "supervise"]
+__all__ = ["RankProcess", "RunResult", "request_stop", "supervise"]
 
 _POLL_S = 0.05
 _TERM_GRACE_S = 3.0
+# Signals seen by a handler that called request_stop(): the watch loop re-raises them even when the
+# handler's own exception was swallowed (see _spawn_all).
+_STOP_SIGNALS: list[int] = []
+
+
+def request_stop(signum: int) -> None:
+    """Called from a signal handler: the running :func:`supervise` stops every rank and raises."""
+    _STOP_SIGNALS.append(signum)
 
 
 @dataclass
@@ -63,12 +71,9 @@ def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True
     t0 = time.monotonic()
     result = RunResult(returncodes=[])
     try:
-        for i, r in enumerate(ranks):
-            out = logs[i] if capture else None
-            procs.append(subprocess.Popen(r.argv, env=r.env, stdout=out, stderr=subprocess.STDOUT if capture else None,
-                                          # NOTE: preexec only writes a cgroup file and sets affinity (no locks).
-                                          start_new_session=True, preexec_fn=r.preexec))  # noqa: PLW1509
-            throttles.append(DutyCycle(procs[-1].pid, r.throttle))
+        _spawn_all(ranks, logs, procs)
+        for r, p in zip(ranks, procs):
+            throttles.append(DutyCycle(p.pid, r.throttle))
             throttles[-1].start()
         _watch(procs, t0 + timeout, result)
     finally:
@@ -84,9 +89,42 @@ def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True
     return result
 
 
+def _spawn_all(ranks: Sequence[RankProcess], logs: list, procs: list[subprocess.Popen]) -> None:
+    """Start every rank with SIGINT/SIGTERM held back in this (main) thread.
+
+    NOTE: a KeyboardInterrupt raised while fork() runs its at-fork hooks (logging registers one)
+    is printed and dropped by CPython ("Exception ignored in _releaseLock"): Ctrl-C would be lost
+    and the launcher would wait on. Held signals are delivered right after the last fork.
+    """
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for i, r in enumerate(ranks):
+            out = logs[i] if logs else None
+            procs.append(subprocess.Popen(r.argv, env=r.env, stdout=out, stderr=subprocess.STDOUT if logs else None,
+                                          # NOTE: the child only unblocks signals, writes a cgroup file and
+                                          # sets its affinity (no locks taken).
+                                          start_new_session=True, preexec_fn=_child_setup(r.preexec, held)))  # noqa: PLW1509
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _child_setup(preexec: Callable[[], None] | None, held: set) -> Callable[[], None]:
+    def setup() -> None:  # runs in the child between fork and exec; the mask would survive exec
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        if preexec is not None:
+            preexec()
+    return setup
+
+
 def _watch(procs: list[subprocess.Popen], deadline: float, result: RunResult) -> None:
     max_polls = int((deadline - time.monotonic()) / _POLL_S) + 2
     for _ in range(max_polls):  # bounded in count as well as in time
+        if _STOP_SIGNALS:
+            signum = _STOP_SIGNALS.pop()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
         codes = [p.poll() for p in procs]
         failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
