@@ -206,3 +206,19 @@ def test_tier_from_a_cluster_profile(tmp_path, monkeypatch: pytest.MonkeyPatch) 
         CompressedState(method="tiered", tier_profile=str(path))
     with pytest.raises(ValueError, match="tier_profile='/nonexistent.json' is invalid"):
         CompressedState(method="tiered", tier_profile="/nonexistent.json")
+
+
+def test_clip_norm_bounds_the_global_norm_before_compression() -> None:
+    """Each parameter is clipped to clip_norm * sqrt(n_p / N), so the whole gradient's norm is at most
+    clip_norm; what is compressed (sent + kept) is the clipped gradient."""
+    params = [torch.zeros(30), torch.zeros(70)]
+    state = CompressedState(method="topk", base_density=0.2, min_density=0.2, dense_warmup_steps=1,
+                            dense_sync_every=0, clip_norm=2.0)
+    _run(state, topk_hook, [torch.zeros(30), torch.zeros(70)], params)  # warm-up: learns N = 100
+    big, small = torch.full((30,), 10.0), torch.full((70,), 0.01)
+    out = _run(state, topk_hook, [big, small], params)
+    res = state.state_dict()["residuals"]
+    got = out + torch.cat([res[state.memory.ordinal(p)] for p in params])
+    want_big = big * (2.0 * math.sqrt(30 / 100) / big.norm())  # clipped
+    torch.testing.assert_close(got, torch.cat([want_big, small]), rtol=1e-5, atol=1e-6)  # small: untouched
+    assert got.norm() <= 2.0 + 1e-5
