@@ -12,7 +12,7 @@ import sys
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS: list[str] = ["demo", "emulate", "profile"]
+COMMANDS: list[str] = ["demo", "emulate", "profile", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,8 +5,9 @@ Modes (each a separate launch, so every mode starts from the same state):
 * ``solo`` — this rank's speed in the same Lightning training loop run as a single process (no
   communication; both ranks run at once, each on its own core, as in training), then the bare
   all-reduce of a tensor the size of the model's gradient over gloo (t_ar).
-* ``ddp`` / ``hetero`` / ``hetero_cal`` — Lightning training with ``strategy="ddp"``,
-  ``HeteroStrategy()`` (static probe) or ``HeteroStrategy(batch_sizes=[B]*N, calibrate=True)``;
+* ``ddp`` / ``hetero`` / ``hetero_cal`` / ``hetero_auto`` — Lightning training with ``strategy="ddp"``,
+  ``HeteroStrategy()`` (static probe), ``HeteroStrategy(batch_sizes=[B]*N, calibrate=True)`` or
+  ``HeteroStrategy(calibrate=True)`` (probe, then calibration; what ``make demo`` runs);
   every rank records the start time of each step, its batch size and (hetero) its compute time.
 
 Example::
@@ -100,24 +101,39 @@ def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     elif mode == "hetero":
         strategy = HeteroStrategy(probe_steps=3)
     else:
-        strategy = HeteroStrategy(batch_sizes=[args.batch] * world, calibrate=True, cold_start_steps=args.cold_start,
+        start = {} if mode == "hetero_auto" else {"batch_sizes": [args.batch] * world}
+        strategy = HeteroStrategy(**start, calibrate=True, cold_start_steps=args.cold_start,
                                   recalibrate_every=args.recalibrate_every, window=args.window)
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
     loader = DataLoader(_train_data(args.batch, world, steps), batch_size=args.batch, shuffle=True,
                         drop_last=True)
-    model = DigitsClassifier(arch="mlp", lr=0.02)
+    model = DigitsClassifier(arch="mlp", lr=args.lr)
     model.net = resnet18_32()
     trainer.fit(model, loader)
     out = {"mode": mode, "starts": clock.starts, "batches": clock.batches, "compute_s": clock.compute_s}
-    if mode in ("hetero", "hetero_cal"):
+    if args.accuracy:
+        out["accuracy"] = _test_accuracy(model)
+    if mode.startswith("hetero"):
         out["strategy_compute_s"] = [c for c, _ in trainer.strategy.timer.history]
         balancer = getattr(trainer.strategy, "balancer", None)
         if balancer is not None:
             out["decisions"] = balancer.calibrator.decisions
         out["final_sizes"] = list(trainer.strategy.sampler.batch_sizes)
     return out
+
+
+def _test_accuracy(model: L.LightningModule) -> float:
+    """Accuracy on the digits test split (the same 32x32 upsampling), evaluated by each rank alone."""
+    from hetero_strategy.workloads.digits import digits_datasets
+
+    _, test = digits_datasets(size=32)
+    x, y = test.tensors
+    model.eval()
+    with torch.no_grad():
+        pred = torch.cat([model(x[i:i + 256]).argmax(dim=1) for i in range(0, len(y), 256)])
+    return float((pred == y).float().mean())
 
 
 class _StepClock(L.Callback):
@@ -156,7 +172,7 @@ class _StepClock(L.Callback):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--mode", choices=("solo", "ddp", "hetero", "hetero_cal"), required=True)
+    p.add_argument("--mode", choices=("solo", "ddp", "hetero", "hetero_cal", "hetero_auto"), required=True)
     p.add_argument("--out", required=True, help="directory; this rank writes <mode>_r<RANK>.json there")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=30)
@@ -165,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-start", type=int, default=5)
     p.add_argument("--recalibrate-every", type=int, default=10)
     p.add_argument("--window", type=int, default=20)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
+    p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
