@@ -85,9 +85,22 @@ def _threshold_indices(mag: torch.Tensor, k: int) -> torch.Tensor:
         threshold = torch.topk(sample, want, sorted=False).values.min()
         cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k usually,) ascending
         if cand.numel() >= k:
-            return cand[torch.topk(mag[cand], k, sorted=False).indices].sort().values
+            return _ties_to_lower_index(cand, mag[cand], k)
     threshold = mag.kthvalue(n - k + 1).values  # k-th largest magnitude
-    return (mag >= threshold).nonzero().squeeze(1)[:k]  # ties to the lower index
+    cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k,) ascending
+    # NOTE: not cand[:k]: that would drop entries above the threshold for tied ones at lower indices
+    return _ties_to_lower_index(cand, mag[cand], k)
+
+
+def _ties_to_lower_index(cand: torch.Tensor, mag: torch.Tensor, k: int) -> torch.Tensor:
+    """The k of ``cand`` (ascending indices) with the largest ``mag``, ties at the k-th value to the
+    lower index: the kernels' rule, so CPU and GPU runs select the same entries."""
+    kth = torch.topk(mag, k, sorted=False).values.min()
+    above = mag > kth  # (c,)
+    tied = (mag == kth).nonzero().squeeze(1)[: k - int(above.sum())]  # lowest indices first
+    keep = above.clone()
+    keep[tied] = True
+    return cand[keep]
 
 
 def _topk_select_torch_(acc: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
