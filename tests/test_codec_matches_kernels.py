@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hetero_strategy.triton_kernels import dispatch
 
 from hetero_strategy.hooks.codecs import TopKCodec
-from hetero_strategy.triton_kernels import dispatch
 
 
 @pytest.mark.parametrize("n, k", [(70_000, 700), (200_003, 1), (200_003, 5_000), (1_000, 10), (300_000, 14_000)])

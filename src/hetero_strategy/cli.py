@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 COMMANDS: list[str] = ["demo", "emulate", "profile", "bench"]
 
