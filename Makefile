@@ -21,6 +21,7 @@ demo: install
 	$(BIN)/hetero-strategy demo
 
 test: install
+	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
 
 # Benchmarks (not tests): the emulated-cluster ones need root; bench-kernels needs a CUDA GPU.
