@@ -10,6 +10,7 @@ from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kw
 SCENARIOS = {
     # name: (n samples, shuffle, drop_last, max_steps, accumulate, clip)
     "plain": (80, False, False, 5, 1, None),
+    "deferred_comm_many_buckets": (70, True, False, 5, 1, None),
     "shuffle_uneven_last": (70, True, False, 5, 1, None),
     "two_epochs_shuffled": (40, True, False, 6, 1, None),
     "accumulate_clip": (96, True, True, 3, 2, 0.05),
@@ -24,8 +25,10 @@ def _fit_all(rank: int, world_size: int) -> dict:
     out = {}
     for name, (n, shuffle, drop_last, steps, accumulate, clip) in SCENARIOS.items():
         model = Regressor()
+        # one bucket per parameter, all sent after backward: the deferred path of the hook
+        extra = dict(overlap_comm=False, bucket_cap_mb=1e-5) if name.startswith("deferred") else {}
         trainer = L.Trainer(
-            strategy=HeteroStrategy(batch_sizes=[3, 13]), max_steps=steps, accumulate_grad_batches=accumulate,
+            strategy=HeteroStrategy(batch_sizes=[3, 13], **extra), max_steps=steps, accumulate_grad_batches=accumulate,
             gradient_clip_val=clip, **trainer_kwargs(),
         )
         trainer.fit(model, loader(make_data(n), batch_size=8, shuffle=shuffle, drop_last=drop_last))

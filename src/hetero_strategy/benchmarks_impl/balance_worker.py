@@ -99,10 +99,11 @@ def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     elif mode == "ddp":
         strategy = "ddp"
     elif mode == "hetero":
-        strategy = HeteroStrategy(probe_steps=3)
+        strategy = HeteroStrategy(probe_steps=3, overlap_comm=not args.defer_comm)
     else:
         start = {} if mode == "hetero_auto" else {"batch_sizes": [args.batch] * world}
         strategy = HeteroStrategy(**start, calibrate=True, cold_start_steps=args.cold_start,
+                                  overlap_comm=not args.defer_comm,
                                   recalibrate_every=args.recalibrate_every, window=args.window)
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
+    p.add_argument("--defer-comm", action="store_true", help="hetero: overlap_comm=False")
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

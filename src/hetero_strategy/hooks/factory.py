@@ -40,7 +40,7 @@ def _max_steps(trainer: Any) -> int | Callable[[], Any] | None:
 
 
 _BUILDERS: dict[str, _Builder] = {
-    "none": lambda cfg, pg, trainer: (WeightedReduceState(pg), weighted_allreduce_hook),
+    "none": lambda cfg, pg, trainer: (WeightedReduceState(pg, overlap=cfg.overlap_comm), weighted_allreduce_hook),
     "topk": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
     "tiered": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
     "onebit": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), onebit_hook),

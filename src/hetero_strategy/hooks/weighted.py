@@ -27,16 +27,23 @@ class WeightedReduceState:
     __slots__ = [
         # hyper-parameters
         "process_group",
+        "overlap",
         # internal state
         "weight",
         "step",
+        "_deferred",
         # stats
         "last_hook_time",
         "hook_calls",
     ]
 
-    def __init__(self, process_group: "dist.ProcessGroup | None" = None) -> None:
+    def __init__(self, process_group: "dist.ProcessGroup | None" = None, overlap: bool = True) -> None:
         self.process_group = process_group
+        # NOTE: overlap=False holds every bucket back until backward has finished. It pays when
+        # communication competes with backward for the same compute (gloo on one pinned CPU core
+        # per rank, as in the emulator): the all-reduce then runs while the rank would idle anyway.
+        self.overlap = overlap
+        self._deferred: list[tuple[torch.Tensor, torch.futures.Future]] = []
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.weight = 1.0 / world
         self.step = 0
@@ -84,5 +91,19 @@ def weighted_allreduce_hook(
     state.record_bucket(bucket)
     tensor = bucket.buffer()  # (numel,) flat view of the bucket's gradients
     tensor.mul_(state.weight)
-    fut = dist.all_reduce(tensor, group=state.process_group, async_op=True).get_future()
+    if state.overlap:
+        return _all_reduce(tensor, state.process_group)
+    # Deferred: answer with a placeholder; the last bucket's call issues every bucket's all-reduce
+    # in bucket order (the same order on every rank, all from hook calls, none from callbacks).
+    placeholder: torch.futures.Future = torch.futures.Future()
+    state._deferred.append((tensor, placeholder))
+    if bucket.is_last():
+        for buf, fut in state._deferred:
+            _all_reduce(buf, state.process_group).then(lambda f, fut=fut: fut.set_result(f.value()))
+        state._deferred.clear()
+    return placeholder
+
+
+def _all_reduce(tensor: torch.Tensor, group: "dist.ProcessGroup | None") -> torch.futures.Future:
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
