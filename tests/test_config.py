@@ -31,6 +31,7 @@ from hetero_strategy.config import BalanceConfig, CalibrationConfig, Compression
         ({"base_density": 0.01, "min_density": 0.1}, "min_density", "0.1"),
         ({"tier": "wifi"}, "tier", "'wifi'"),
         ({"no_such_option": 1}, "no_such_option", "1"),
+        ({"compression": "topk", "overlap_comm": False}, "overlap_comm", "False"),
         ({"profile": "/nonexistent/cluster.json"}, "profile", "'/nonexistent/cluster.json'"),
     ],
 )
