@@ -34,7 +34,6 @@ class WeightedReduceState:
         "_deferred",
         # stats
         "last_hook_time",
-        "hook_calls",
     ]
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, overlap: bool = True) -> None:
@@ -48,7 +47,6 @@ class WeightedReduceState:
         self.weight = 1.0 / world
         self.step = 0
         self.last_hook_time: float | None = None
-        self.hook_calls = 0
 
     def set_local_batch(self, local_samples: int, global_samples: int) -> None:
         """Weight this rank's gradient by ``local_samples / global_samples`` (0 for padding)."""
@@ -59,7 +57,6 @@ class WeightedReduceState:
 
     def record_bucket(self, bucket: dist.GradBucket) -> None:
         """Note when a bucket became ready; the last one marks the end of this rank's backward."""
-        self.hook_calls += 1
         if bucket.is_last():
             self.last_hook_time = time.perf_counter()
             self.step += 1
