@@ -33,6 +33,24 @@ def init_gloo(rank: int, world_size: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
 
 
+def _to_bytes(value: Any) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
 def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -51,7 +69,10 @@ def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
     torch.set_num_threads(1)
     try:
         out = fn(rank, world_size, *args)
-        results.put((rank, True, out))
+        # Serialise here: a tensor put on the queue as-is is shared by file descriptor, and
+        # the parent cannot fetch that descriptor once this process has exited (a race that
+        # fails as FileNotFoundError on a loaded machine).
+        results.put((rank, True, _to_bytes(out)))
     except BaseException:  # noqa: BLE001 - the parent re-raises with the child's traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -93,7 +114,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
                 continue
             if not ok:
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
+            out[rank] = _from_bytes(value)
         return [out[r] for r in range(world_size)]
     finally:
         for p in procs:
