@@ -96,8 +96,13 @@ def test_builds_namespaces_links_cgroups_and_removes_them():
         assert "50Mbit" in subprocess.run(["tc", "-n", cluster.nets[1].netns, "qdisc", "show", "dev", "veth0"],
                                           capture_output=True, text=True, check=True).stdout
         _, version = cgroup_cpu_root()
-        quota = Path(cluster.cgroups[1].path / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")).read_text()
-        assert quota.split()[0] == "50000"
+        path = cluster.cgroups[1].path
+        if version == 1:
+            quota, period = (path / "cpu.cfs_quota_us").read_text(), (path / "cpu.cfs_period_us").read_text()
+        else:
+            quota, period = (path / "cpu.max").read_text().split()
+        # Factor 0.5 over a 10 ms period (short, so a slow rank is not stopped for long stretches).
+        assert (int(quota), int(period)) == (5000, 10000)
         assert len(_mine(cluster)) >= 5  # bridge ns + 2 rank ns + 2 cgroups
     assert _mine(cluster) == []
 
