@@ -32,6 +32,7 @@ from hetero_strategy.config import BalanceConfig, CalibrationConfig, Compression
         ({"tier": "wifi"}, "tier", "'wifi'"),
         ({"no_such_option": 1}, "no_such_option", "1"),
         ({"compression": "topk", "overlap_comm": False}, "overlap_comm", "False"),
+        ({"overlap_comm": "yes"}, "overlap_comm", "'yes'"),
         ({"profile": "/nonexistent/cluster.json"}, "profile", "'/nonexistent/cluster.json'"),
     ],
 )
@@ -79,9 +80,14 @@ def test_flat_kwargs_reach_their_sections():
     assert cfg.balance.batch_sizes == [3, 13]
     assert cfg.compression.method == "topk"
     assert cfg.calibration.calibrate is True
-    assert s._ddp_kwargs == {"find_unused_parameters": True}  # the rest goes to DDP
+    # The rest goes to DDP, beside hetero's own default (overridable, see the next test).
+    assert s._ddp_kwargs == {"find_unused_parameters": True, "gradient_as_bucket_view": True}
     assert cfg.calibration == CalibrationConfig(calibrate=True)
     assert cfg.compression == CompressionConfig(method="topk")
+
+
+def test_ddp_default_can_be_overridden():
+    assert HeteroStrategy(gradient_as_bucket_view=False)._ddp_kwargs == {"gradient_as_bucket_view": False}
 
 
 def test_field_names_are_unique_across_sections():

@@ -11,6 +11,8 @@ SCENARIOS = {
     # name: (n samples, shuffle, drop_last, max_steps, accumulate, clip)
     "plain": (80, False, False, 5, 1, None),
     "deferred_comm_many_buckets": (70, True, False, 5, 1, None),
+    "overlapped_comm_many_buckets": (70, True, False, 5, 1, None),
+    "copied_grads": (80, False, False, 5, 1, None),
     "shuffle_uneven_last": (70, True, False, 5, 1, None),
     "two_epochs_shuffled": (40, True, False, 6, 1, None),
     "accumulate_clip": (96, True, True, 3, 2, 0.05),
@@ -25,8 +27,14 @@ def _fit_all(rank: int, world_size: int) -> dict:
     out = {}
     for name, (n, shuffle, drop_last, steps, accumulate, clip) in SCENARIOS.items():
         model = Regressor()
-        # one bucket per parameter, all sent after backward: the deferred path of the hook
-        extra = dict(overlap_comm=False, bucket_cap_mb=1e-5) if name.startswith("deferred") else {}
+        # One bucket per parameter, all sent after backward (the hook's deferred path) or each as
+        # soon as it is ready (overlapped); the default on gloo ("auto") defers. copied_grads turns
+        # off hetero's default gradient_as_bucket_view (DDP's own default).
+        extra = {
+            "deferred_comm_many_buckets": dict(overlap_comm=False, bucket_cap_mb=1e-5),
+            "overlapped_comm_many_buckets": dict(overlap_comm=True, bucket_cap_mb=1e-5),
+            "copied_grads": dict(gradient_as_bucket_view=False),
+        }.get(name, {})
         trainer = L.Trainer(
             strategy=HeteroStrategy(batch_sizes=[3, 13], **extra), max_steps=steps, accumulate_grad_batches=accumulate,
             gradient_clip_val=clip, **trainer_kwargs(),

@@ -3,30 +3,78 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_floats", "measure_samples_per_s"]
+__all__ = ["StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds"]
 
 
-def measure_samples_per_s(step_fn: Callable[[], None], samples: int, steps: int = 3, warmup: int = 1) -> float:
-    """Samples/s of ``step_fn`` (one forward+backward over ``samples`` samples), median of ``steps``.
+@dataclass(frozen=True)
+class StepCost:
+    """A rank's step time as ``fixed_s + b / samples_per_s`` for a local batch of b samples.
 
-    No collective runs inside, so the figure is pure compute: nothing waits for a peer.
+    The fixed part is what a step costs whatever its batch: per-parameter work (gradient
+    accumulation, the all-reduce's CPU share, launch overheads). A purely proportional split
+    ignores it and gives a slow rank too many samples, since its fixed part is slower too.
     """
-    for _ in range(warmup):
-        step_fn()
-    times = []
-    for _ in range(steps):
-        _sync()
-        t0 = time.perf_counter()
-        step_fn()
-        _sync()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return samples / max(times[len(times) // 2], 1e-9)
+
+    samples_per_s: float
+    fixed_s: float = 0.0
+
+    def seconds(self, batch: float) -> float:
+        return self.fixed_s + batch / self.samples_per_s
+
+
+def fit_step_cost(points: list[tuple[int, float]]) -> StepCost:
+    """Fit StepCost through (batch, seconds) at two batch sizes; proportional when the fit is unusable.
+
+    Noise can make the smaller batch look as slow as the larger one, or the line cross below zero:
+    then the largest batch's plain rate is the safer estimate.
+    """
+    (b1, t1), (b2, t2) = min(points), max(points)
+    plain = StepCost(b2 / max(t2, 1e-9))
+    if b2 <= b1 or t2 <= t1:
+        return plain
+    rate = (b2 - b1) / (t2 - t1)
+    fixed = t2 - b2 / rate
+    return StepCost(rate, fixed) if fixed >= 0 else plain
+
+
+def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]], steps: int = 3,
+                         warmup: int = 1, comm_numel: int = 0, device: torch.device | None = None) -> list[float]:
+    """Median seconds of each ``step_fn(start_comm)``, run in turn (interleaved) ``warmup + steps`` times.
+
+    Interleaving keeps a slow drift of the machine (clock, a neighbour's load) from landing on
+    one step function only. Each ``step_fn`` calls ``start_comm()`` where DDP's gradient exchange
+    would begin (after the forward pass). With ``comm_numel`` > 0 that starts an all-reduce of as
+    many float32 values (the gradient's size), waited for after the clock stops: the figure is
+    this rank's compute while an exchange competes with its backward pass, without the wait for
+    slower peers. Every rank must call this with the same arguments (except the step functions).
+    """
+    comm = comm_numel > 0 and dist.is_initialized() and dist.get_world_size() > 1
+    buf = torch.zeros(comm_numel, dtype=torch.float32, device=device) if comm else None
+    times: list[list[float]] = [[] for _ in step_fns]
+    for i in range(warmup + steps):
+        for k, step_fn in enumerate(step_fns):
+            works: list = []
+
+            def start_comm(works: list = works) -> None:
+                if buf is not None and not works:
+                    works.append(dist.all_reduce(buf, async_op=True))
+
+            _sync()
+            t0 = time.perf_counter()
+            step_fn(start_comm)
+            _sync()
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+            start_comm()  # a step that never called it must still join the collective
+            for work in works:
+                work.wait()
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def all_gather_floats(values: list[float], group: dist.ProcessGroup | None = None) -> list[list[float]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["capacity", "split_batch"]
+__all__ = ["capacity", "split_batch", "split_batch_timed"]
 
 
 def capacity(
@@ -61,6 +61,55 @@ def split_batch(
         raise ValueError(f"max_batch_sizes={list(hi)!r} allow only {sum(hi)} samples but the global batch "
                          f"is {global_batch}; raise the caps or lower the batch size")
     target = _water_fill(float(global_batch), [float(c) for c in capacities], lo, hi)
+    return _round_targets(global_batch, target, lo, hi)
+
+
+def split_batch_timed(
+    global_batch: int,
+    samples_per_s: Sequence[float],
+    fixed_s: Sequence[float],
+    max_per_rank: Sequence[int] | None = None,
+    min_per_rank: int = 1,
+) -> list[int]:
+    """Per-rank sizes that make every rank's step ``fixed_s[r] + b_r / samples_per_s[r]`` equally long.
+
+    The continuous solution b_r = samples_per_s[r] * (T - fixed_s[r]), clamped to the caps, with
+    T found by bisection so the sizes sum to the global batch; then the same exact rounding as
+    :func:`split_batch`. With all fixed costs 0 this is :func:`split_batch` on the rates.
+
+    Example::
+
+        >>> split_batch_timed(256, [540.0, 336.0], [0.0, 0.05])
+        [168, 88]
+    """
+    n = len(samples_per_s)
+    if n == 0 or len(fixed_s) != n:
+        raise ValueError(f"samples_per_s={list(samples_per_s)!r}, fixed_s={list(fixed_s)!r} are invalid: "
+                         "give one rate and one fixed cost per rank")
+    if any(r <= 0 for r in samples_per_s) or any(f < 0 for f in fixed_s):
+        raise ValueError(f"samples_per_s={list(samples_per_s)!r}, fixed_s={list(fixed_s)!r} are invalid: rates "
+                         "must be positive and fixed costs non-negative")
+    hi = [global_batch] * n if max_per_rank is None else [int(m) for m in max_per_rank]
+    lo = [min(min_per_rank, h) for h in hi]
+    if sum(lo) > global_batch or sum(hi) < global_batch:
+        return split_batch(global_batch, samples_per_s, max_per_rank, min_per_rank)  # raises its clear error
+
+    def sizes_at(t: float) -> list[float]:
+        return [min(hi[r], max(lo[r], samples_per_s[r] * (t - fixed_s[r]))) for r in range(n)]
+
+    low, high = 0.0, max(fixed_s) + global_batch / min(samples_per_s)  # sum(sizes_at(high)) >= G
+    for _ in range(100):  # halves the bracket each time: far below float resolution at the end
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(sizes_at(mid)) < global_batch else (low, mid)
+    target = sizes_at(high)
+    scale = global_batch / sum(target)  # remove the bisection's last sliver before rounding
+    target = [min(hi[r], max(lo[r], x * scale)) for r, x in enumerate(target)]
+    return _round_targets(global_batch, target, lo, hi)
+
+
+def _round_targets(global_batch: int, target: list[float], lo: list[int], hi: list[int]) -> list[int]:
+    """Largest-remainder rounding of continuous targets (ties to the lower rank); the sum is exact."""
+    n = len(target)
     sizes = [max(lo[r], min(hi[r], math.floor(target[r] + 1e-9))) for r in range(n)]
     order = sorted(range(n), key=lambda r: (-(target[r] - sizes[r]), r))
     i = 0

@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate-every", type=int, default=10, help="calibrator period in the bench")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")
-    parser.add_argument("--defer-comm", action="store_true",
-                        help="hetero runs with overlap_comm=False (all-reduce after backward, not during it)")
+    parser.add_argument("--overlap-comm", choices=("auto", "on", "off"), default="auto",
+                        help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way), off = "
+                             "after it, auto = on for NCCL, off for gloo (default)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per launch")
 
 
@@ -89,8 +90,7 @@ def _launch(cluster: Any, mode: str, args: argparse.Namespace, out: Path, consol
     steps = args.cal_steps if mode == "hetero_cal" else args.steps
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
            "--steps", str(steps), "--recalibrate-every", str(args.recalibrate_every)]
-    if args.defer_comm:
-        cmd.append("--defer-comm")
+    cmd += ["--overlap-comm", args.overlap_comm]
     res = cluster.run(cmd, timeout=args.timeout)
     if not res.ok:
         tail = "\n".join(f"--- rank {k} ---\n{o[-2500:]}" for k, o in enumerate(res.outputs))
@@ -115,7 +115,7 @@ def _summarise(rounds: list[dict], args: argparse.Namespace, description: list[d
         "benchmark": "balance", "emulation": emulation, "cluster": description,
         "config": {"compute": args.compute, "link": args.link, "batch_per_rank": args.batch, "steps": args.steps,
                    "cal_steps": args.cal_steps, "measure_last": args.measure, "rounds": args.rounds,
-                   "recalibrate_every": args.recalibrate_every, "defer_comm": args.defer_comm,
+                   "recalibrate_every": args.recalibrate_every, "overlap_comm": args.overlap_comm,
                    "workload": "torchvision resnet18 (7x7/2 stem), sklearn digits upsampled to 32x32"},
         "global_batch": args.batch * len(description),
         "solo_samples_per_s": [statistics.median(r["solo_samples_per_s"][k] for r in rounds)

@@ -31,6 +31,9 @@ import torch
 __all__ = ["main", "resnet18_32"]
 
 
+_OVERLAP = {"auto": None, "on": True, "off": False}
+
+
 def _train_data(batch: int, world: int, steps: int):
     """Digits upsampled to 32x32, repeated so one epoch covers the run (no epoch-boundary stalls)."""
     from torch.utils.data import TensorDataset
@@ -99,11 +102,11 @@ def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     elif mode == "ddp":
         strategy = "ddp"
     elif mode == "hetero":
-        strategy = HeteroStrategy(probe_steps=3, overlap_comm=not args.defer_comm)
+        strategy = HeteroStrategy(overlap_comm=_OVERLAP[args.overlap_comm])
     else:
         start = {} if mode == "hetero_auto" else {"batch_sizes": [args.batch] * world}
         strategy = HeteroStrategy(**start, calibrate=True, cold_start_steps=args.cold_start,
-                                  overlap_comm=not args.defer_comm,
+                                  overlap_comm=_OVERLAP[args.overlap_comm],
                                   recalibrate_every=args.recalibrate_every, window=args.window)
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
-    p.add_argument("--defer-comm", action="store_true", help="hetero: overlap_comm=False")
+    p.add_argument("--overlap-comm", choices=tuple(_OVERLAP), default="auto", help="hetero: overlap_comm")
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

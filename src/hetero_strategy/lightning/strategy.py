@@ -35,10 +35,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch
+from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, split_batch_timed
 from hetero_strategy.balance.online import OnlineBalancer
+from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.hooks.factory import overlap_comm
 from hetero_strategy.lightning.dataloaders import (
     distributed_eval_loader,
     hetero_train_loader,
@@ -105,6 +107,9 @@ class HeteroStrategy(DDPStrategy):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
                                   "comm hook; choose a codec with compression=... instead")
+        # Gradients as views into DDP's buckets: no copy of the whole gradient into the buckets
+        # and back each step (measurable on a slow device). Pass False to get DDP's default back.
+        kwargs.setdefault("gradient_as_bucket_view", True)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -201,11 +206,16 @@ class HeteroStrategy(DDPStrategy):
         cfg = self.hetero_config.balance
         if cfg.batch_sizes is not None:
             return list(cfg.batch_sizes)
-        caps = cfg.capacities
-        if caps is None:
-            speeds = self._probe_speeds(dataloader, batch)
-            caps = capacity(speeds, self._profile_bandwidth(), cfg.alpha, cfg.beta)
-        return split_batch(global_batch, caps, cfg.max_batch_sizes)
+        if cfg.capacities is not None:
+            return split_batch(global_batch, cfg.capacities, cfg.max_batch_sizes)
+        costs = self._probe_costs(dataloader, batch)
+        bandwidth = self._profile_bandwidth()
+        if bandwidth is not None:
+            # The documented capacity model: alpha * compute + beta * bandwidth, proportional.
+            caps = capacity([c.samples_per_s for c in costs], bandwidth, cfg.alpha, cfg.beta)
+            return split_batch(global_batch, caps, cfg.max_batch_sizes)
+        return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs],
+                                 cfg.max_batch_sizes)
 
     def _profile_bandwidth(self) -> list[float] | None:
         path = self.hetero_config.balance.profile
@@ -219,22 +229,31 @@ class HeteroStrategy(DDPStrategy):
                               f"{self.world_size}; profile this cluster with `hetero-strategy profile --json`")
         return bandwidth
 
-    def _probe_speeds(self, dataloader: DataLoader, batch: int) -> list[float]:
-        """Time forward+backward of the real model on every rank and all-gather the samples/s."""
+    def _probe_costs(self, dataloader: DataLoader, batch: int) -> list[StepCost]:
+        """Time forward+backward of the real model at B and B/2 on every rank; all-gather the costs."""
         from hetero_strategy.balance.probe import all_gather_floats
-        from hetero_strategy.lightning.probe import probe_training_speed
+        from hetero_strategy.lightning.probe import probe_step_cost
 
         module = self.lightning_module
-        sample = self.batch_to_device(probe_batch(dataloader, batch), dataloader_idx=0)
-        speed = probe_training_speed(module, sample, batch, self.hetero_config.balance.probe_steps)
-        # NOTE: every rank must join the all-gather, also one that could not probe (speed None).
-        speeds = [row[0] for row in all_gather_floats([-1.0 if speed is None else speed])]
-        if min(speeds) <= 0:
+        counts = sorted({batch, max(1, batch // 2)}, reverse=True)
+        batches = [(self.batch_to_device(probe_batch(dataloader, n), dataloader_idx=0), n) for n in counts]
+        # The loader may hold fewer samples than B: count what the probe batch really holds.
+        batches = [(b, min(n, len(dataloader.dataset))) for b, n in batches]
+        # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
+        # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
+        comp = self.hetero_config.compression
+        with_comm = comp.method == "none" and overlap_comm(comp)
+        cost = probe_step_cost(module, batches, self.hetero_config.balance.probe_steps, with_comm=with_comm)
+        # NOTE: every rank must join the all-gather, also one that could not probe (cost None).
+        rows = all_gather_floats([-1.0, 0.0] if cost is None else [cost.samples_per_s, cost.fixed_s])
+        if min(row[0] for row in rows) <= 0:
             rank_zero_warn("hetero: cannot probe a model with manual optimization; using equal shares. "
                            "Pass batch_sizes=... or capacities=... to HeteroStrategy.")
-            return [1.0] * self.world_size
-        rank_zero_info(f"hetero: probed samples/s per rank: {[round(s, 1) for s in speeds]}")
-        return speeds
+            return [StepCost(1.0)] * self.world_size
+        costs = [StepCost(rate, fixed) for rate, fixed in rows]
+        rank_zero_info("hetero: probed per rank (samples/s, fixed ms per step): "
+                       f"{[(round(c.samples_per_s, 1), round(1000 * c.fixed_s, 1)) for c in costs]}")
+        return costs
 
     # ---- per step ------------------------------------------------------------------------
     @override

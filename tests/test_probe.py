@@ -1,0 +1,56 @@
+"""The setup probe's timing with a competing all-reduce, and overlap_comm's automatic choice (2 gloo ranks)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dist_utils import init_gloo, run_distributed
+
+
+def _probe_ranks(rank: int, world_size: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from hetero_strategy.balance.probe import measure_step_seconds
+    from hetero_strategy.config import CompressionConfig
+    from hetero_strategy.hooks.factory import overlap_comm
+
+    init_gloo(rank, world_size)
+    out = {"auto": overlap_comm(CompressionConfig()), "forced": overlap_comm(CompressionConfig(overlap_comm=True))}
+
+    def step(start_comm) -> None:
+        # Rank 1 never starts the exchange itself: the probe must still join it, or rank 0 hangs.
+        if rank == 0:
+            start_comm()
+        time.sleep(0.05 if rank == 0 else 0.3)
+
+    def idle(start_comm) -> None:
+        start_comm()
+
+    out["seconds"], out["idle"] = measure_step_seconds([step, idle], steps=3, warmup=1, comm_numel=1000)
+    # The ranks are still in step: one more collective completes and sums as expected.
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    out["sum"] = t.item()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_distributed(_probe_ranks, 2, timeout=60)
+
+
+def test_auto_overlap_is_off_on_gloo_and_explicit_wins(results):
+    assert [r["auto"] for r in results] == [False, False]
+    assert [r["forced"] for r in results] == [True, True]
+
+
+def test_probe_times_only_its_own_step_and_keeps_ranks_in_step(results):
+    # Oracle: the sleeps (50 ms, 300 ms). Rank 0 must not count its wait for slower rank 1, which
+    # would make its figure at least 300 ms; the wide margin keeps a loaded machine from failing it.
+    assert 0.05 <= results[0]["seconds"] < 0.2
+    assert results[1]["seconds"] >= 0.3
+    # The second, interleaved step function does nothing: its figure must not carry the sleeps.
+    assert all(r["idle"] < 0.1 for r in results)
+    assert [r["sum"] for r in results] == [3.0, 3.0]
