@@ -28,7 +28,7 @@ def _fit_all(rank: int, world_size: int) -> dict:
     for name, (n, shuffle, drop_last, steps, accumulate, clip) in SCENARIOS.items():
         model = Regressor()
         # One bucket per parameter, all sent after backward (the hook's deferred path) or each as
-        # soon as it is ready (overlapped); the default on gloo ("auto") defers. copied_grads turns
+        # soon as it is ready (overlapped, also the default). copied_grads turns
         # off hetero's default gradient_as_bucket_view (DDP's own default).
         extra = {
             "deferred_comm_many_buckets": dict(overlap_comm=False, bucket_cap_mb=1e-5),

@@ -183,10 +183,10 @@ class CompressionConfig:
     """Top-K kernels: auto (Triton on GPU when available, else torch), triton, or torch."""
     powersgd_rank: int = 4
     """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
-    overlap_comm: bool | None = None
-    """compression="none": True overlaps each bucket's all-reduce with the rest of backward (DDP's
-    way); False sends all buckets once backward ends, which pays when communication competes with
-    backward for the same compute (gloo on CPU). None (auto): True on NCCL, False on other backends."""
+    overlap_comm: bool = True
+    """compression="none": overlap each bucket's all-reduce with the rest of backward (DDP's way).
+    False sends all buckets once backward ends: for ranks whose communication competes with
+    backward for the same compute (gloo with one CPU core per rank)."""
     hierarchical: bool = False
     """topk/tiered: dense all-reduce inside each fast group (node), compressed exchange between the
     groups' leaders, then a broadcast inside each group."""
@@ -231,9 +231,9 @@ class CompressionConfig:
         if self.compression_backend not in ("auto", "triton", "torch"):
             _fail("compression_backend", self.compression_backend, "choose auto, triton or torch")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
-        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
-            _fail("overlap_comm", self.overlap_comm, "must be true, false or null (auto)")
-        if self.overlap_comm is False and self.method != "none":
+        if not isinstance(self.overlap_comm, bool):
+            _fail("overlap_comm", self.overlap_comm, "must be true or false")
+        if not self.overlap_comm and self.method != "none":
             _fail("overlap_comm", self.overlap_comm,
                   f"deferring communication is only offered for compression='none', not {self.method!r}")
         if not isinstance(self.hierarchical, bool):

@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate-every", type=int, default=10, help="calibrator period in the bench")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")
-    parser.add_argument("--overlap-comm", choices=("auto", "on", "off"), default="auto",
-                        help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way), off = "
-                             "after it, auto = on for NCCL, off for gloo (default)")
+    parser.add_argument("--overlap-comm", choices=("on", "off"), default="on",
+                        help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way, the "
+                             "default), off = after it")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per launch")
 
 

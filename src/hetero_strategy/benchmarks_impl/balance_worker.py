@@ -31,7 +31,7 @@ import torch
 __all__ = ["main", "resnet18_32"]
 
 
-_OVERLAP = {"auto": None, "on": True, "off": False}
+_OVERLAP = {"on": True, "off": False}
 
 
 def _train_data(batch: int, world: int, steps: int):
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
-    p.add_argument("--overlap-comm", choices=tuple(_OVERLAP), default="auto", help="hetero: overlap_comm")
+    p.add_argument("--overlap-comm", choices=tuple(_OVERLAP), default="on", help="hetero: overlap_comm")
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

@@ -24,17 +24,9 @@ from hetero_strategy.hooks.baselines import (
 from hetero_strategy.hooks.compressed import CompressedState, onebit_hook, topk_hook
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook
 
-__all__ = ["build_comm_hook", "overlap_comm"]
+__all__ = ["build_comm_hook"]
 
 _Builder = Callable[[CompressionConfig, Any, Any], tuple[WeightedReduceState, Callable]]
-
-
-def overlap_comm(cfg: CompressionConfig, pg: Any = None) -> bool:
-    """cfg.overlap_comm, with None resolved: overlap on NCCL, whose transfers leave the compute
-    alone; defer on gloo, whose all-reduce takes CPU time from the backward pass it overlaps."""
-    if cfg.overlap_comm is not None:
-        return cfg.overlap_comm
-    return dist.is_initialized() and dist.get_backend(pg) == "nccl"
 
 
 def _max_steps(trainer: Any) -> int | Callable[[], Any] | None:
@@ -48,7 +40,7 @@ def _max_steps(trainer: Any) -> int | Callable[[], Any] | None:
 
 
 _BUILDERS: dict[str, _Builder] = {
-    "none": lambda cfg, pg, trainer: (WeightedReduceState(pg, overlap=overlap_comm(cfg, pg)), weighted_allreduce_hook),
+    "none": lambda cfg, pg, trainer: (WeightedReduceState(pg, overlap=cfg.overlap_comm), weighted_allreduce_hook),
     "topk": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
     "tiered": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
     "onebit": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), onebit_hook),

@@ -40,7 +40,6 @@ from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.hooks import build_comm_hook
-from hetero_strategy.hooks.factory import overlap_comm
 from hetero_strategy.lightning.dataloaders import (
     distributed_eval_loader,
     hetero_train_loader,
@@ -242,7 +241,7 @@ class HeteroStrategy(DDPStrategy):
         # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
         # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
         comp = self.hetero_config.compression
-        with_comm = comp.method == "none" and overlap_comm(comp)
+        with_comm = comp.method == "none" and comp.overlap_comm
         cost = probe_step_cost(module, batches, self.hetero_config.balance.probe_steps, with_comm=with_comm)
         # NOTE: every rank must join the all-gather, also one that could not probe (cost None).
         rows = all_gather_floats([-1.0, 0.0] if cost is None else [cost.samples_per_s, cost.fixed_s])
