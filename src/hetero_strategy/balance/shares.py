@@ -52,14 +52,7 @@ def split_batch(
     n = len(capacities)
     if n == 0:
         raise ValueError("capacities=[] is invalid: give one capacity per rank")
-    hi = [global_batch] * n if max_per_rank is None else [int(m) for m in max_per_rank]
-    lo = [min(min_per_rank, h) for h in hi]
-    if sum(lo) > global_batch:
-        raise ValueError(f"global batch {global_batch} is smaller than {sum(lo)}: every rank needs "
-                         f"at least {min_per_rank} sample(s); raise the batch size")
-    if sum(hi) < global_batch:
-        raise ValueError(f"max_batch_sizes={list(hi)!r} allow only {sum(hi)} samples but the global batch "
-                         f"is {global_batch}; raise the caps or lower the batch size")
+    lo, hi = _rank_bounds(global_batch, n, max_per_rank, min_per_rank)
     target = _water_fill(float(global_batch), [float(c) for c in capacities], lo, hi)
     return _round_targets(global_batch, target, lo, hi)
 
@@ -89,10 +82,7 @@ def split_batch_timed(
     if any(r <= 0 for r in samples_per_s) or any(f < 0 for f in fixed_s):
         raise ValueError(f"samples_per_s={list(samples_per_s)!r}, fixed_s={list(fixed_s)!r} are invalid: rates "
                          "must be positive and fixed costs non-negative")
-    hi = [global_batch] * n if max_per_rank is None else [int(m) for m in max_per_rank]
-    lo = [min(min_per_rank, h) for h in hi]
-    if sum(lo) > global_batch or sum(hi) < global_batch:
-        return split_batch(global_batch, samples_per_s, max_per_rank, min_per_rank)  # raises its clear error
+    lo, hi = _rank_bounds(global_batch, n, max_per_rank, min_per_rank)
 
     def sizes_at(t: float) -> list[float]:
         return [min(hi[r], max(lo[r], samples_per_s[r] * (t - fixed_s[r]))) for r in range(n)]
@@ -101,10 +91,21 @@ def split_batch_timed(
     for _ in range(100):  # halves the bracket each time: far below float resolution at the end
         mid = (low + high) / 2
         low, high = (mid, high) if sum(sizes_at(mid)) < global_batch else (low, mid)
-    target = sizes_at(high)
-    scale = global_batch / sum(target)  # remove the bisection's last sliver before rounding
-    target = [min(hi[r], max(lo[r], x * scale)) for r, x in enumerate(target)]
-    return _round_targets(global_batch, target, lo, hi)
+    return _round_targets(global_batch, sizes_at(high), lo, hi)
+
+
+def _rank_bounds(global_batch: int, n: int, max_per_rank: Sequence[int] | None, min_per_rank: int
+                 ) -> tuple[list[int], list[int]]:
+    """Per-rank [lo, hi] sample bounds; refuses caps or floors that cannot add up to the global batch."""
+    hi = [global_batch] * n if max_per_rank is None else [int(m) for m in max_per_rank]
+    lo = [min(min_per_rank, h) for h in hi]
+    if sum(lo) > global_batch:
+        raise ValueError(f"global batch {global_batch} is smaller than {sum(lo)}: every rank needs "
+                         f"at least {min_per_rank} sample(s); raise the batch size")
+    if sum(hi) < global_batch:
+        raise ValueError(f"max_batch_sizes={list(hi)!r} allow only {sum(hi)} samples but the global batch "
+                         f"is {global_batch}; raise the caps or lower the batch size")
+    return lo, hi
 
 
 def _round_targets(global_batch: int, target: list[float], lo: list[int], hi: list[int]) -> list[int]:

@@ -234,10 +234,11 @@ class HeteroStrategy(DDPStrategy):
         from hetero_strategy.lightning.probe import probe_step_cost
 
         module = self.lightning_module
-        counts = sorted({batch, max(1, batch // 2)}, reverse=True)
+        # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
+        # a single size when they coincide, so no size is timed twice.
+        size = len(dataloader.dataset)
+        counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
         batches = [(self.batch_to_device(probe_batch(dataloader, n), dataloader_idx=0), n) for n in counts]
-        # The loader may hold fewer samples than B: count what the probe batch really holds.
-        batches = [(b, min(n, len(dataloader.dataset))) for b, n in batches]
         # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
         # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
         comp = self.hetero_config.compression
