@@ -1,17 +1,33 @@
 """hetero_strategy: data-parallel training for heterogeneous GPU clusters.
 
-``import hetero_strategy`` registers ``strategy="hetero"`` with Lightning::
+``import hetero_strategy`` registers ``strategy="hetero"`` with Lightning, lazily: Lightning is
+not imported by it (the registration runs once Lightning is), so the hooks, the runtime and the
+Accelerate plugin work where Lightning is absent::
 
-    import lightning as L
     import hetero_strategy
+    import lightning as L
 
     trainer = L.Trainer(strategy="hetero", devices=2)
+
+    from hetero_strategy.accelerate import HeteroPlugin   # Accelerate; no Lightning involved
 """
 
+from typing import Any
+
+from hetero_strategy._registration import register_when_lightning_loads
 from hetero_strategy.config import ConfigError, HeteroConfig
-from hetero_strategy.lightning import HeteroStrategy, register
 
 __all__ = ["ConfigError", "HeteroConfig", "HeteroStrategy", "__version__"]
 __version__ = "0.1.0"
 
-register()
+
+def __getattr__(name: str) -> Any:
+    # NOTE: HeteroStrategy subclasses Lightning's DDPStrategy; importing it imports Lightning.
+    if name == "HeteroStrategy":
+        from hetero_strategy.lightning import HeteroStrategy
+
+        return HeteroStrategy
+    raise AttributeError(f"module 'hetero_strategy' has no attribute {name!r}")
+
+
+register_when_lightning_loads()

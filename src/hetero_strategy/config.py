@@ -22,6 +22,7 @@ import yaml
 
 __all__ = [
     "COMPRESSION_METHODS",
+    "CONFIG_ENV",
     "TIERS",
     "BalanceConfig",
     "CalibrationConfig",
@@ -29,6 +30,10 @@ __all__ = [
     "ConfigError",
     "HeteroConfig",
 ]
+
+
+CONFIG_ENV = "HETERO_STRATEGY_CONFIG"
+"""Environment variable naming a hetero YAML file (``hetero-strategy config`` writes one)."""
 
 
 class ConfigError(ValueError):
@@ -170,7 +175,8 @@ class CompressionConfig:
     """Dense (uncompressed) steps before the sparse schedule starts; at least 1, because DDP rebuilds
     its buckets after the first step and the hook learns the gradient layout there."""
     density_period: int | None = None
-    """Steps T of the cosine decay; None takes the trainer's max_steps when known, else 1000."""
+    """Steps T of the cosine decay; None takes the run's max_steps when known (Lightning's trainer, or
+    HeteroPlugin.prepare(max_steps=...)), else 1000."""
     density_schedule: str = "cosine"
     """cosine (decay to min_density over density_period) or constant (base_density x tier_factor)."""
     ef_gamma: float = 1.0
@@ -218,7 +224,7 @@ class CompressionConfig:
         self._check_int("dense_warmup_steps", self.dense_warmup_steps, 1,
                         "DDP rebuilds its buckets after step 1, so at least the first step is dense")
         if self.density_period is not None:
-            self._check_int("density_period", self.density_period, 1, "or None to use trainer.max_steps")
+            self._check_int("density_period", self.density_period, 1, "or None to use the run's max_steps")
         if self.density_schedule not in ("cosine", "constant"):
             _fail("density_schedule", self.density_schedule, "choose cosine or constant")
         if isinstance(self.ef_gamma, bool) or not isinstance(self.ef_gamma, (int, float)) or not 0 < self.ef_gamma <= 1:
@@ -352,6 +358,20 @@ class HeteroConfig:
             else:
                 _fail(key, value, "unknown option; see HeteroConfig for the known fields")
         return HeteroConfig.from_dict(sections)
+
+    @classmethod
+    def resolve(cls, config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> HeteroConfig:
+        """What an adapter was given: a config object or YAML path (or None), plus flat overrides."""
+        if config is None:
+            return cls.from_flat(**flat)
+        if isinstance(config, (str, Path)):
+            if not Path(config).is_file():
+                _fail("config", str(config), "no such file; write one with `hetero-strategy config` or "
+                      "HeteroConfig.to_yaml")
+            return cls.from_yaml(config).replace(**flat)
+        if isinstance(config, HeteroConfig):
+            return config.replace(**flat)
+        _fail("config", config, "pass a HeteroConfig or the path of a YAML file")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> HeteroConfig:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds"]
+__all__ = ["StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,54 @@ def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]
             for work in works:
                 work.wait()
     return [sorted(t)[len(t) // 2] for t in times]
+
+
+def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor],
+                    batches: list[tuple[Any, int]], steps: int, with_comm: bool = True) -> StepCost:
+    """This rank's step cost from forward+backward of ``loss_fn(batch)`` at one or two batch sizes.
+
+    ``batches`` holds (batch, samples) pairs, e.g. the loader's batch and half of it; two timings
+    give the per-sample rate and the per-step fixed part (:class:`StepCost`). ``loss_fn`` runs the
+    real model's forward on ``module`` (not its DDP wrapper: the probe must not start DDP's
+    exchange) and returns a scalar to backpropagate. With ``with_comm`` a gradient-sized
+    all-reduce runs beside each timed backward pass, so a rank whose communication competes with
+    its compute (CPU/gloo) is measured as DDP will run it. Every rank must call this with the same
+    sample counts and ``steps``.
+
+    The probe must not change training: RNG state, buffers (e.g. batch-norm statistics), the
+    train/eval mode and gradients are restored.
+    """
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    was_training = module.training
+    module.train()
+
+    def step(batch: Any, start_comm: Callable[[], None]) -> None:
+        loss = loss_fn(batch)
+        start_comm()  # DDP exchanges gradients during backward, not during forward
+        loss.backward()
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    comm_numel = sum(p.numel() for p in params) if with_comm else 0
+    device = params[0].device if params else None
+    try:
+        # Two warm-up rounds: the first steps at a new shape are slow (kernel selection, allocator
+        # growth) and would bias the fitted fixed cost.
+        fns = [lambda start, b=b: step(b, start) for b, _ in batches]
+        seconds = measure_step_seconds(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device)
+        points = [(n, t) for (_, n), t in zip(batches, seconds)]
+        return fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
+    finally:
+        module.train(was_training)
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(buffers[name])
+        for p in module.parameters():
+            p.grad = None
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def all_gather_floats(values: list[float], group: dist.ProcessGroup | None = None) -> list[list[float]]:

@@ -4,7 +4,8 @@ Global step t of an epoch consumes ``order[t*G:(t+1)*G]`` where ``order`` is wha
 process with batch G would iterate: ``torch.randperm(n, generator=torch.Generator().manual_seed(
 seed + epoch))`` when shuffling (the same convention as ``DistributedSampler``), else
 ``range(n)``. Rank r takes the slice starting at ``sum(b[:r])`` of length ``b[r]``.
-Every rank yields the same number of batches per epoch (unequal counts hang DDP).
+Every rank yields the same number of batches per epoch (unequal counts hang DDP). With
+``rank=None`` the sampler yields all ranks' slices of each step in turn (W batches per step).
 
 The last partial batch (``drop_last=False``) is split by the same capacities; when it has fewer
 samples than ranks, a rank left without a sample gets one padding sample (the batch's first) and
@@ -79,7 +80,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
     Args:
         num_samples: length of the (map-style) dataset.
         batch_sizes: per-rank batch sizes; their sum is the global batch G.
-        rank: this process's rank.
+        rank: this process's rank; None yields every rank's slice of a step in rank order, for a
+            framework that deals batches out to ranks itself (Accelerate's ``BatchSamplerShard``).
         shuffle: follow the user's DataLoader ``shuffle``.
         seed: shuffle seed; epoch e uses ``seed + e``.
         drop_last: drop the last partial global batch, as ``DataLoader(drop_last=True)`` does.
@@ -94,12 +96,12 @@ class HeteroBatchSampler(Sampler[list[int]]):
         self,
         num_samples: int,
         batch_sizes: Sequence[int],
-        rank: int,
+        rank: int | None,
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if not 0 <= rank < len(batch_sizes):
+        if rank is not None and not 0 <= rank < len(batch_sizes):
             raise ValueError(f"rank={rank} is invalid: batch_sizes has {len(batch_sizes)} entries")
         self.num_samples = int(num_samples)
         self.rank = rank
@@ -196,16 +198,18 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.order()  # (n,)
         g = self.global_batch
+        ranks = range(len(self._splits[0])) if self.rank is None else (self.rank,)
         self._yielded.clear()
         for t in range(self.steps_per_epoch()):
             sizes = self.plan(t).sizes
             self._yielded.append((self.epoch, t))
             self._next_unyielded = self.epoch * self.steps_per_epoch() + t + 1
-            start = t * g + sum(sizes[: self.rank])
-            if sizes[self.rank] == 0:
-                yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)
-            else:
-                yield order[start : start + sizes[self.rank]].tolist()
+            for r in ranks:
+                start = t * g + sum(sizes[:r])
+                if sizes[r] == 0:
+                    yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)
+                else:
+                    yield order[start : start + sizes[r]].tolist()
 
     def __len__(self) -> int:
-        return self.steps_per_epoch()
+        return self.steps_per_epoch() * (len(self._splits[0]) if self.rank is None else 1)

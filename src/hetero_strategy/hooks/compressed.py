@@ -53,7 +53,7 @@ class CompressedState(WeightedReduceState):
         process_group: the group to reduce over (None: the default group).
         max_steps: the run's length, the cosine period when ``density_period`` is None; or a
             callable giving it, read at the first compressed step (e.g. Lightning's
-            ``trainer.estimated_stepping_batches``, known only once the data is set up).
+            Lightning's estimated stepping batches, known only once the data is set up).
 
     Tuning: start from base_density 0.01 with 10 dense warm-up steps; lower min_density on slow
     links; a dense sync every 100 steps bounds drift; use clip_norm when the loss spikes early.

@@ -26,28 +26,18 @@ from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allredu
 
 __all__ = ["build_comm_hook"]
 
-_Builder = Callable[[CompressionConfig, Any, Any], tuple[WeightedReduceState, Callable]]
-
-
-def _max_steps(trainer: Any) -> int | Callable[[], Any] | None:
-    """trainer.max_steps when set; else Lightning's estimate, read lazily (it needs the data)."""
-    steps = getattr(trainer, "max_steps", None)
-    if isinstance(steps, int) and steps > 0:
-        return steps
-    if trainer is not None and hasattr(trainer, "estimated_stepping_batches"):
-        return lambda: trainer.estimated_stepping_batches
-    return None
-
+MaxSteps = int | Callable[[], Any] | None
+_Builder = Callable[[CompressionConfig, Any, MaxSteps], tuple[WeightedReduceState, Callable]]
 
 _BUILDERS: dict[str, _Builder] = {
-    "none": lambda cfg, pg, trainer: (WeightedReduceState(pg, overlap=cfg.overlap_comm), weighted_allreduce_hook),
-    "topk": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
-    "tiered": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), topk_hook),
-    "onebit": lambda cfg, pg, trainer: (CompressedState(cfg, pg, max_steps=_max_steps(trainer)), onebit_hook),
-    "fp16": lambda cfg, pg, trainer: (CastState(pg, dtype=torch.float16), cast_hook),
-    "bf16": lambda cfg, pg, trainer: (CastState(pg, dtype=torch.bfloat16), cast_hook),
+    "none": lambda cfg, pg, steps: (WeightedReduceState(pg, overlap=cfg.overlap_comm), weighted_allreduce_hook),
+    "topk": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), topk_hook),
+    "tiered": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), topk_hook),
+    "onebit": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), onebit_hook),
+    "fp16": lambda cfg, pg, steps: (CastState(pg, dtype=torch.float16), cast_hook),
+    "bf16": lambda cfg, pg, steps: (CastState(pg, dtype=torch.bfloat16), cast_hook),
     # PowerSGD needs >= 2 dense iterations (DDP's bucket rebuild), as upstream enforces
-    "powersgd": lambda cfg, pg, trainer: (
+    "powersgd": lambda cfg, pg, steps: (
         PowerSGDBaselineState(pg, rank=cfg.powersgd_rank, start_iter=max(2, cfg.dense_warmup_steps)),
         powersgd_weighted_hook,
     ),
@@ -56,11 +46,14 @@ assert set(_BUILDERS) == set(COMPRESSION_METHODS), "every configured method need
 
 
 def build_comm_hook(
-    config: HeteroConfig, process_group: dist.ProcessGroup | None = None, trainer: Any = None
+    config: HeteroConfig, process_group: dist.ProcessGroup | None = None, max_steps: MaxSteps = None
 ) -> tuple[WeightedReduceState, Callable]:
-    """(state, hook) for ``ddp.register_comm_hook``; ``trainer`` (optional) gives max_steps for schedules.
+    """(state, hook) for ``ddp.register_comm_hook``.
 
-    Collective for ``tiered`` (the ranks exchange their tiers): call it on every rank.
+    ``max_steps`` is the run's length, the period of the density schedule when
+    ``density_period`` is None: an int, or a callable read at the first compressed step (for a
+    length known only once the data is set up). Collective for ``tiered`` (the ranks exchange
+    their tiers): call it on every rank.
     """
     cfg = config.compression
-    return _BUILDERS[cfg.method](cfg, process_group, trainer)
+    return _BUILDERS[cfg.method](cfg, process_group, max_steps)

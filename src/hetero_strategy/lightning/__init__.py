@@ -1,4 +1,4 @@
-"""Lightning adapter: ``HeteroStrategy`` and its registration as ``strategy="hetero"``."""
+"""Lightning adapter: ``HeteroStrategy`` and its registration as ``strategy="hetero"`` (on import)."""
 
 from hetero_strategy.lightning.strategy import HeteroStrategy
 
@@ -11,3 +11,6 @@ def register() -> None:
 
     if "hetero" not in StrategyRegistry:
         HeteroStrategy.register_strategies(StrategyRegistry)
+
+
+register()

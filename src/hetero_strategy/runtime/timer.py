@@ -1,4 +1,7 @@
-"""Per-rank step timings: compute time (no waiting for peers), step time, and their spread."""
+"""Per-rank step timings: compute time (no waiting for peers), step time, and their spread.
+
+Framework-free: the Lightning and Accelerate adapters call the same timer from their own events.
+"""
 
 from __future__ import annotations
 

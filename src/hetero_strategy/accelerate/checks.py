@@ -1,0 +1,54 @@
+"""Settings of an ``Accelerator`` that HeteroPlugin cannot honour, refused before anything runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero_strategy.config import ConfigError
+
+__all__ = ["check_accelerator", "second_hook_error"]
+
+_SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_HPU")
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """Refuse distributed types, data-loader modes and comm hooks that would break hetero's semantics."""
+    kind = accelerator.distributed_type.name if hasattr(accelerator.distributed_type, "name") \
+        else str(accelerator.distributed_type)
+    if kind not in _SUPPORTED:
+        raise ConfigError(
+            f"Accelerator.distributed_type={kind} is invalid with HeteroPlugin: it sizes per-rank batches and "
+            "reduces gradients in a DDP comm hook, and DeepSpeed/FSDP/Megatron/XLA shard or reduce gradients "
+            "themselves. Use plain Accelerate for those, or launch with DDP (multi_gpu / MULTI_CPU) for hetero"
+        )
+    if accelerator.split_batches:
+        raise ConfigError(
+            "Accelerator(split_batches=True) is invalid with HeteroPlugin: it cuts every batch into equal "
+            "slices, while hetero gives each rank a capacity-sized slice. Use split_batches=False and give "
+            "the DataLoader the mean per-rank batch B (global batch G = B x num_processes)"
+        )
+    if accelerator.dispatch_batches:
+        raise ConfigError(
+            "Accelerator(dispatch_batches=True) is invalid with HeteroPlugin: the main process would load "
+            "and hand out equal batches. Use dispatch_batches=False (DataLoaderConfiguration) with a "
+            "map-style dataset; every rank then loads its own slice"
+        )
+    handler = getattr(accelerator, "ddp_handler", None)
+    for name in ("comm_hook", "comm_wrapper"):
+        value = getattr(handler, name, None)
+        if value is not None and str(getattr(value, "value", value)).lower() != "no":
+            raise ConfigError(
+                f"DistributedDataParallelKwargs({name}={value}) is invalid with HeteroPlugin: a DDP model takes "
+                "one comm hook, and HeteroPlugin registers its own (sample-weighted, with the chosen codec). "
+                "Drop the Accelerate comm hook and pick a codec with HeteroPlugin(compression=...)"
+            )
+
+
+def second_hook_error(error: RuntimeError) -> ConfigError | None:
+    """DDP's refusal of a second comm hook, told in our words (None for any other error)."""
+    if "only be called once" not in str(error):
+        return None
+    return ConfigError(
+        "model already has a DDP comm hook (register_comm_hook was called on it); HeteroPlugin registers its "
+        "own. Remove the other register_comm_hook call and pick a codec with HeteroPlugin(compression=...)"
+    )

@@ -1,0 +1,194 @@
+"""``HeteroPlugin``: hetero's batch sizing, comm hooks and calibration for Hugging Face Accelerate.
+
+A thin adapter over :class:`hetero_strategy.runtime.HeteroRuntime`: it wires Accelerate's
+objects (the prepared model, loader, optimizer, scheduler, ``save_state``, trackers) to the
+runtime and decides nothing itself.
+
+Example (``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 train.py`` on
+CPU; on GPUs ``accelerate launch --config_file accelerate.yaml train.py``)::
+
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    plugin = HeteroPlugin(compression="topk")     # or HeteroPlugin(config="hetero.yaml"); default $HETERO_STRATEGY_CONFIG
+    model, optimizer, loader, scheduler = plugin.prepare(accelerator, model, optimizer, loader, scheduler)
+    for batch in loader:                          # each rank gets its own batch size
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from hetero_strategy.accelerate.checks import check_accelerator, second_hook_error
+from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
+from hetero_strategy.balance.probe import StepCost, probe_step_cost
+from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
+from hetero_strategy.runtime import HeteroRuntime
+
+__all__ = ["HeteroPlugin"]
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+class HeteroPlugin:
+    """Capacity-sized per-rank batches with one-process SGD semantics, for an Accelerate script.
+
+    The training DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch
+    G = B x num_processes is what plain Accelerate DDP would use, split across ranks by capacity,
+    and the reduced gradient is sum_r b_r g_r / G.
+
+    Args:
+        config: a :class:`HeteroConfig` or the path of a YAML file; None reads the path in
+            ``$HETERO_STRATEGY_CONFIG`` (as written by ``hetero-strategy config``), else defaults.
+        log_every_n_steps: optimizer steps between two rounds of per-rank metrics sent to
+            ``accelerator.log`` (when the Accelerator has trackers).
+        **fields: any field of :class:`HeteroConfig` (``batch_sizes``, ``compression``,
+            ``calibrate`` ...), applied on top of ``config``.
+    """
+
+    def __init__(self, config: str | Path | HeteroConfig | None = None, *, log_every_n_steps: int = 50,
+                 **fields: Any) -> None:
+        if config is None:
+            config = os.environ.get(CONFIG_ENV) or None
+        self.config = HeteroConfig.resolve(config, fields)
+        if isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
+            raise ConfigError(f"log_every_n_steps={log_every_n_steps!r} is invalid: must be an integer >= 1")
+        self.log_every_n_steps = log_every_n_steps
+        self.runtime: HeteroRuntime | None = None
+        self.accelerator: Any = None
+        self.last_metrics: dict[str, float] = {}
+
+    # ---- prepare -------------------------------------------------------------------------
+    def prepare(self, accelerator: Any, *objects: Any, loss_fn: LossFn | None = None,
+                max_steps: int | None = None) -> Any:
+        """``accelerator.prepare(*objects)``, then hetero's wiring; returns the objects in order.
+
+        The first DataLoader is the training loader: it is rebuilt so each rank gets its
+        capacity-sized slice of the one-process global batch (any other loader is prepared as
+        Accelerate does). ``loss_fn(model, batch)`` is what the start-up probe times when neither
+        batch sizes nor capacities are configured (default: :func:`default_loss`). ``max_steps``
+        is the run's length in optimizer steps, the period of the compression density schedule.
+        """
+        check_accelerator(accelerator)
+        if self.runtime is not None:
+            raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
+        train_index = next((i for i, o in enumerate(objects) if isinstance(o, DataLoader)), None)
+        if train_index is None:
+            raise ConfigError("objects=... is invalid for HeteroPlugin.prepare: pass the training DataLoader "
+                              "(map-style dataset, batch_size=B) together with the model and optimizer")
+        self.accelerator = accelerator
+        self.runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
+                                     info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
+        rest = [o for i, o in enumerate(objects) if i != train_index]
+        prepared = _as_list(accelerator.prepare(*rest)) if rest else []
+        model = next((o for o in prepared if isinstance(o, torch.nn.Module)), None)
+        if isinstance(model, DistributedDataParallel):
+            try:
+                self.runtime.register_hook(model, max_steps=max_steps)
+            except RuntimeError as e:
+                raise (second_hook_error(e) or e) from e
+        loader = self._train_loader(objects[train_index], model, loss_fn)
+        self._wire_steps(prepared)
+        accelerator.register_for_checkpointing(_Checkpoint(self.runtime))
+        prepared.insert(train_index, loader)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _train_loader(self, loader: DataLoader, model: Any, loss_fn: LossFn | None) -> HeteroDataLoader:
+        accelerator = self.accelerator
+        measure = None if model is None else lambda batches, with_comm: self._measure(model, loss_fn, batches,
+                                                                                     with_comm)
+        seed = self.config.balance.seed if self.config.balance.seed is not None else 0
+        # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
+        # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
+        # sharding, device placement, end-of-epoch flag (for accumulate) and set_epoch.
+        rebuilt = self.runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True)
+        return HeteroDataLoader(accelerator.prepare(rebuilt), self.runtime)
+
+    def _measure(self, model: Any, loss_fn: LossFn | None, batches: list[tuple[Any, int]],
+                 with_comm: bool) -> StepCost | None:
+        """Probe the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
+        from accelerate.utils import send_to_device
+
+        module = self.accelerator.unwrap_model(model)
+        on_device = [(send_to_device(b, self.accelerator.device), n) for b, n in batches]
+        fn = loss_fn or default_loss
+        try:
+            return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
+                                   with_comm=with_comm)
+        except Exception as e:  # NOTE: only the guessed default may fail, and every rank fails alike
+            if loss_fn is not None:
+                raise
+            self.runtime.warn(f"hetero: the probe could not call the model on a batch ({e!r}); pass "
+                              "loss_fn=lambda model, batch: ... to HeteroPlugin.prepare")
+            return None
+
+    def _wire_steps(self, prepared: list[Any]) -> None:
+        from accelerate.optimizer import AcceleratedOptimizer
+        from accelerate.scheduler import AcceleratedScheduler
+
+        optimizers = [o for o in prepared if isinstance(o, AcceleratedOptimizer)]
+        if optimizers:
+            # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
+            # step, after accumulation, and never on a step GradScaler skipped.
+            optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
+        for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
+            # NOTE: Accelerate steps the schedule num_processes times per optimizer step (its batch
+            # is B per process). hetero keeps the one-process run with batch G, which steps once.
+            scheduler.split_batches = True
+
+    # ---- per step ------------------------------------------------------------------------
+    def _after_step(self) -> None:
+        self.runtime.step_end()
+        step = self.runtime.steps - 1
+        # log_with is the same on every rank (trackers live on the main process only), so every
+        # rank joins the metrics' all-gather at the same steps.
+        if self.accelerator.log_with and self.runtime.metrics_due(step, self.log_every_n_steps):
+            self.last_metrics = self.runtime.metrics()
+            self.accelerator.log(self.last_metrics, step=step)
+
+    def metrics(self) -> dict[str, float]:
+        """The latest per-rank figures (collective: call it on every rank at the same point)."""
+        if self.runtime is None:
+            raise RuntimeError("HeteroPlugin.metrics needs prepare() first")
+        self.last_metrics = self.runtime.metrics()
+        return self.last_metrics
+
+    @property
+    def hook_state(self) -> Any:
+        return None if self.runtime is None else self.runtime.hook_state
+
+    @property
+    def batch_sizes(self) -> list[int] | None:
+        """The split in force (the latest scheduled one under calibration)."""
+        sampler = None if self.runtime is None else self.runtime.sampler
+        return None if sampler is None else sampler.batch_sizes
+
+
+class _Checkpoint:
+    """``accelerator.save_state`` writes custom state from the main process only; this object's
+    state_dict gathers every rank's part first (save_state runs on every rank), and each rank
+    takes its own part back in ``load_state``."""
+
+    def __init__(self, runtime: HeteroRuntime) -> None:
+        self.runtime = runtime
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.runtime.gathered_state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.runtime.load_gathered_state_dict(state)
+
+
+def _as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]

@@ -1,0 +1,223 @@
+"""``HeteroRuntime``: the per-run, framework-free core that both adapters drive.
+
+It owns everything hetero does in a run: the static plan, the batch sampler, the comm hook's
+state and its per-step weight, the online calibrator, the step timer with its metrics, and the
+checkpointable per-rank state. An adapter (Lightning's strategy, Accelerate's plugin) only calls
+it from its framework's events::
+
+    runtime = HeteroRuntime(config, rank, world_size)
+    loader = runtime.train_loader(loader, seed=0, measure=...)  # plan + sampler (probe is collective)
+    runtime.register_hook(ddp_model, max_steps=1000)           # our comm hook on the DDP model
+    for batch in loader:
+        runtime.batch_start()                                  # weight b_r / G of this batch
+        loss(ddp_model(batch)).backward(); runtime.backward_end()
+        optimizer.step(); runtime.step_end(step)               # timings, calibration
+        if runtime.metrics_due(step, every=50):
+            log(runtime.metrics())                             # one all-gather, every rank
+
+It works on bare ``torch.nn.parallel.DistributedDataParallel``; nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from hetero_strategy.balance import HeteroBatchSampler
+from hetero_strategy.balance.online import OnlineBalancer
+from hetero_strategy.balance.probe import StepCost
+from hetero_strategy.config import HeteroConfig
+from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.runtime.loaders import hetero_train_loader, probe_batch, train_loader_batch_size
+from hetero_strategy.runtime.planner import plan_batch_sizes
+from hetero_strategy.runtime.timer import StepTimer
+
+__all__ = ["HeteroRuntime"]
+
+log = logging.getLogger("hetero_strategy")
+
+# measure(batches, with_comm) -> this rank's StepCost, or None when the model cannot be probed.
+Measure = Callable[[list[tuple[Any, int]], bool], "StepCost | None"]
+_PARTS = ("sampler", "hook", "balancer")
+
+
+class HeteroRuntime:
+    """Plan, sampler, hook state, calibrator, timer and checkpoint state of one rank.
+
+    Args:
+        config: the run's :class:`HeteroConfig`.
+        rank: this process's global rank.
+        world_size: number of ranks; per-rank lists in ``config`` are checked against it here,
+            before any collective could hang on them.
+        info, warn: where messages go (default: the ``hetero_strategy`` logger); ``info`` is
+            called on rank 0 only.
+    """
+
+    def __init__(self, config: HeteroConfig, rank: int, world_size: int, *,
+                 info: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None) -> None:
+        config.balance.check_world_size(world_size)
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self._info = info or log.info
+        self.warn = warn or log.warning
+        self.hook_state: Any = None
+        self.sampler: HeteroBatchSampler | None = None
+        self.balancer: OnlineBalancer | None = None
+        self.timer = StepTimer()
+        self.local_batch = 0
+        self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
+        self._batch_open = False
+        self._pending: dict[str, Any] = {}
+
+    def info(self, message: str) -> None:
+        if self.rank == 0:
+            self._info(message)
+
+    # ---- setup ---------------------------------------------------------------------------
+    def register_hook(self, ddp_model: Any, max_steps: int | Callable[[], Any] | None = None,
+                      process_group: dist.ProcessGroup | None = None) -> None:
+        """Build the configured comm hook (collective for ``tiered``) and register it on ``ddp_model``.
+
+        ``max_steps`` is the run's length for the density schedule: an int, or a callable read at
+        the first compressed step (when the length is known only once the data is set up).
+        """
+        self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
+        self._restore_pending()
+        ddp_model.register_comm_hook(self.hook_state, hook)
+
+    def train_loader(self, loader: DataLoader, *, seed: int, measure: Measure | None = None,
+                     shuffle: bool | None = None, all_ranks: bool = False) -> DataLoader:
+        """The user's training loader rebuilt with capacity-sized slices of each global batch.
+
+        The loader's ``batch_size`` B is the mean per-rank batch (G = B x world size). Without
+        explicit sizes or capacities, ``measure`` times the real model at B and B/2 on every rank
+        (collective). ``all_ranks`` makes the loader yield every rank's slice in turn, for a
+        framework that deals batches out to ranks itself.
+        """
+        batch = train_loader_batch_size(loader)
+        global_batch = batch * self.world_size
+        self.config.balance.check_world_size(self.world_size, global_batch)
+        probe = None if measure is None else lambda: self._probe(loader, batch, measure)
+        sizes = plan_batch_sizes(self.config.balance, self.world_size, global_batch, probe, self.info, self.warn)
+        loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle)
+        if self.config.calibration.calibrate:
+            from hetero_strategy.balance.calibrator import Calibrator
+
+            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes), self.sampler)
+        self._restore_pending()
+        self.info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
+                  f"(shuffle={self.sampler.shuffle}, seed={seed})")
+        return loader
+
+    def _probe(self, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
+        # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
+        # a single size when they coincide, so no size is timed twice.
+        size = len(loader.dataset)
+        counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
+        # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
+        # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
+        comp = self.config.compression
+        return measure([(probe_batch(loader, n), n) for n in counts], comp.method == "none" and comp.overlap_comm)
+
+    # ---- per step ------------------------------------------------------------------------
+    def batch_start(self, step_in_epoch: int | None = None) -> None:
+        """A batch reaches the model: set this rank's weight b_r / G_t for it and start the clock.
+
+        The plan is the oldest batch the sampler yielded and nobody has claimed (loaders fetch
+        ahead); ``step_in_epoch`` is the fallback when the sampler has none queued.
+        """
+        self._close_batch()
+        if self.sampler is not None:
+            plan = self.sampler.next_plan()
+            if plan is None and step_in_epoch is not None:
+                plan = self.sampler.plan(step_in_epoch)
+            if plan is not None:
+                self.local_batch = plan.sizes[self.rank]
+                if self.hook_state is not None:
+                    self.hook_state.set_local_batch(self.local_batch, plan.global_batch)
+        self.timer.batch_start()
+        self._batch_open = True
+
+    def backward_end(self) -> None:
+        """This rank's backward pass of the current batch is over (an adapter that cannot tell
+        may skip it: the next :meth:`batch_start` or :meth:`step_end` closes the batch instead)."""
+        self._close_batch()
+
+    def _close_batch(self) -> None:
+        # Compute ends when the last bucket reached the hook (the rest of backward is waiting for
+        # peers); on a no-sync micro-batch, now.
+        if self._batch_open:
+            self.timer.backward_end(getattr(self.hook_state, "last_hook_time", None))
+            self._batch_open = False
+
+    def step_end(self, step: int | None = None) -> list[int] | None:
+        """An optimizer step ended: timings, then calibration when due.
+
+        ``step`` numbers optimizer steps from 0 (the framework's counter); None uses the
+        runtime's own count, which checkpoints carry.
+        """
+        self._close_batch()
+        step = self.steps if step is None else step
+        self.steps = step + 1
+        self.timer.step_end()
+        if self.balancer is None:
+            return None
+        new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch)
+        if new is not None:
+            self.info(f"hetero: step {step}: batch sizes -> {new}")
+        return new
+
+    @staticmethod
+    def metrics_due(step: int, every: int) -> bool:
+        """The same answer on every rank, so all of them join :meth:`metrics`'s all-gather."""
+        return step % max(every, 1) == 0
+
+    def metrics(self) -> dict[str, float]:
+        """Every rank's batch size, compute and step time, speed, balance and hook figures (collective)."""
+        names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received"}
+        extra = {label: getattr(self.hook_state, attr) for attr, label in names.items()
+                 if isinstance(getattr(self.hook_state, attr, None), (int, float))}
+        return self.timer.gather_metrics(self.local_batch, extra)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: sampler schedule, hook state (e.g. residuals), calibrator."""
+        parts = {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer}
+        state = {key: part.state_dict() for key, part in parts.items() if part is not None}
+        # Parts not built yet keep what a checkpoint gave them, so a save right after a load loses nothing.
+        return {**{k: v for k, v in self._pending.items() if k not in state}, **state, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this rank's state; parts built later (hook, sampler) take theirs when built."""
+        self._pending = {k: state[k] for k in _PARTS if k in state}
+        self.steps = int(state.get("steps", self.steps))
+        self._restore_pending()
+
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """Every rank's :meth:`state_dict` (collective), for a checkpoint written by rank 0 only."""
+        mine = self.state_dict()
+        gathered: list[Any] = [mine]
+        if dist.is_available() and dist.is_initialized():
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        return {"ranks": gathered, "config": self.config.to_dict()}
+
+    def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
+        """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""
+        ranks = saved["ranks"]
+        if len(ranks) != self.world_size:
+            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
+                      f"{self.world_size}; batch plan and residuals start fresh")
+            return False
+        self.load_state_dict(dict(ranks[self.rank]))
+        return True
+
+    def _restore_pending(self) -> None:
+        for key, part in (("sampler", self.sampler), ("hook", self.hook_state), ("balancer", self.balancer)):
+            if part is not None and key in self._pending:
+                part.load_state_dict(self._pending.pop(key))

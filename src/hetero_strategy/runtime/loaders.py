@@ -1,0 +1,76 @@
+"""Rebuild a user's training DataLoader around hetero's batch sampler (plain PyTorch).
+
+Both adapters call these: Lightning on the loader ``train_dataloader()`` returns, Accelerate on
+the loader given to ``HeteroPlugin.prepare`` before Accelerate shards it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+
+from hetero_strategy.balance import HeteroBatchSampler
+from hetero_strategy.config import ConfigError
+
+__all__ = ["hetero_train_loader", "is_shuffled", "probe_batch", "train_loader_batch_size"]
+
+
+def train_loader_batch_size(loader: DataLoader) -> int:
+    """The user's per-rank mean batch B; refuse loaders hetero cannot split."""
+    if isinstance(loader.dataset, IterableDataset):
+        raise ConfigError(
+            f"train_dataloader.dataset={type(loader.dataset).__name__} is invalid for hetero: an "
+            "IterableDataset cannot be split into capacity-sized slices of one global batch; use a map-style "
+            "Dataset (with __len__ and __getitem__)"
+        )
+    if loader.batch_size is None:
+        raise ConfigError(
+            f"train_dataloader.batch_sampler={type(loader.batch_sampler).__name__} is invalid for hetero: "
+            "hetero replaces the batch sampler; pass DataLoader(dataset, batch_size=B, shuffle=...) instead"
+        )
+    return int(loader.batch_size)
+
+
+def is_shuffled(loader: DataLoader) -> bool:
+    """Whether the user asked for shuffling: ``shuffle=True`` shows as a RandomSampler."""
+    sampler = getattr(loader.batch_sampler, "sampler", loader.sampler)
+    return isinstance(sampler, RandomSampler) or bool(getattr(sampler, "shuffle", False))
+
+
+def _rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
+    kwargs = dict(
+        dataset=loader.dataset,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs.update(overrides)
+    return DataLoader(**kwargs)
+
+
+def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, seed: int,
+                        shuffle: bool | None = None) -> tuple[DataLoader, HeteroBatchSampler]:
+    """The training loader with capacity-sized slices of each global batch (order: the user's shuffle).
+
+    ``rank`` None yields every rank's slice in turn, for a framework that shards batches itself
+    (Accelerate's ``BatchSamplerShard`` hands batch i to rank i mod world size).
+    """
+    sampler = HeteroBatchSampler(len(loader.dataset), sizes, rank,
+                                 shuffle=is_shuffled(loader) if shuffle is None else shuffle,
+                                 seed=seed, drop_last=loader.drop_last)
+    return _rebuild(loader, batch_sampler=sampler), sampler
+
+
+def probe_batch(loader: DataLoader, batch: int) -> Any:
+    """The dataset's first ``batch`` samples collated as the user's loader would (for the probe)."""
+    n = min(batch, len(loader.dataset))
+    return loader.collate_fn([loader.dataset[i] for i in range(n)])

@@ -1,0 +1,93 @@
+"""Answers -> an Accelerate config YAML, a hetero config YAML and the commands that launch them.
+
+The Accelerate file is written by Accelerate's own ``ClusterConfig.to_yaml_file`` (what
+``accelerate config`` writes) and holds no hetero key: ``accelerate launch`` refuses unknown
+top-level keys. The hetero settings go to their own file through ``HeteroConfig.to_yaml`` and
+reach the job through ``HETERO_STRATEGY_CONFIG``.
+
+CPU ranks: accelerate 1.15 starts ``distributed_type: MULTI_CPU`` through its simple launcher, i.e.
+ONE process unless mpirun is configured, and its multi-GPU launcher does not pass ``use_cpu`` on to
+the ranks (they then run alone, DistributedType.NO). What starts N gloo ranks that see each other
+is ``distributed_type: MULTI_GPU`` + ``use_cpu: true`` in the file *and* ``ACCELERATE_USE_CPU=true``
+in the environment of ``accelerate launch`` (tests/test_wizard.py runs it).
+
+Example::
+
+    paths = write_configs(answers, Path("."))
+    print(launch_command(answers, paths, "train.py"))
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetero_strategy.config import CONFIG_ENV, HeteroConfig
+from hetero_strategy.wizard.question import Answers
+
+__all__ = ["ConfigPaths", "accelerate_config", "hetero_config", "launch_command", "lightning_line",
+           "write_configs"]
+
+
+@dataclass(frozen=True)
+class ConfigPaths:
+    accelerate: Path
+    hetero: Path
+
+
+def accelerate_config(answers: Answers):
+    """The ``accelerate.commands.config.config_args.ClusterConfig`` the answers describe."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import ComputeEnvironment, DistributedType
+
+    cpu = answers["device"] == "cpu"
+    n, machines = answers.world_size, answers.num_machines
+    # One process on one machine is Accelerate's "no distributed training"; anything more goes
+    # through its multi-GPU (torchrun) launcher, also on CPU (see the module docstring).
+    distributed = DistributedType.MULTI_GPU if n > 1 or machines > 1 else DistributedType.NO
+    return ClusterConfig(
+        compute_environment=ComputeEnvironment.LOCAL_MACHINE, distributed_type=distributed,
+        mixed_precision="no",  # hetero picks the autocast dtype per device, not Accelerate
+        use_cpu=cpu, debug=False, num_processes=n, machine_rank=answers.get("machine_rank", 0),
+        num_machines=machines, gpu_ids="all", main_process_ip=answers.get("main_process_ip"),
+        main_process_port=answers.get("main_process_port"), rdzv_backend="static", same_network=True,
+        main_training_function="main", enable_cpu_affinity=False, downcast_bf16="no",
+        tpu_use_cluster=False, tpu_use_sudo=False, tpu_env=[],
+    )
+
+
+def hetero_config(answers: Answers) -> HeteroConfig:
+    balance = answers.get("balance", "probe")
+    return HeteroConfig.from_flat(
+        capacities=answers.get("capacities") if balance == "capacities" else None,
+        batch_sizes=answers.get("batch_sizes") if balance == "batch_sizes" else None,
+        tiers=answers.get("tiers"), compression=answers.get("compression", "none"),
+        calibrate=bool(answers.get("calibrate", False)),
+    )
+
+
+def write_configs(answers: Answers, output_dir: Path, *, accelerate_name: str = "accelerate.yaml",
+                  hetero_name: str = "hetero.yaml") -> ConfigPaths:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = ConfigPaths(accelerate=output_dir / accelerate_name, hetero=output_dir / hetero_name)
+    accelerate_config(answers).to_yaml_file(str(paths.accelerate))
+    hetero_config(answers).to_yaml(paths.hetero)
+    return paths
+
+
+def launch_command(answers: Answers, paths: ConfigPaths, script: str) -> str:
+    """The shell line that starts the job (on every machine, for several machines)."""
+    env = [f"{CONFIG_ENV}={shlex.quote(str(paths.hetero))}"]
+    if answers["device"] == "cpu":
+        env.append("ACCELERATE_USE_CPU=true")  # the ranks are only CPU ranks with it; see the module docstring
+    return " ".join([*env, "accelerate", "launch", "--config_file", shlex.quote(str(paths.accelerate)),
+                     shlex.quote(script)])
+
+
+def lightning_line(answers: Answers, paths: ConfigPaths) -> str:
+    """The equivalent Lightning Trainer (Lightning starts the processes of one machine itself)."""
+    accelerator = "cpu" if answers["device"] == "cpu" else "gpu"
+    devices = answers.world_size // answers.num_machines
+    return (f'Trainer(strategy=HeteroStrategy(config="{paths.hetero}"), accelerator="{accelerator}", '
+            f"devices={devices}, num_nodes={answers.num_machines})")
