@@ -111,8 +111,8 @@ def test_checkpoint_round_trip_restores_every_ranks_residuals(tmp_path):
     full = launch("ckpt_save", tmp_path / "full", ckpt)
     resumed = launch("ckpt_load", tmp_path / "resumed", ckpt)
     for rank in range(2):
-        saved = full[rank]["ckpt"]["states"]["saved"]["memory"]["residuals"]
-        loaded = resumed[rank]["ckpt"]["states"]["loaded"]["memory"]["residuals"]
+        saved = full[rank]["ckpt"]["states"]["saved"]["residuals"]
+        loaded = resumed[rank]["ckpt"]["states"]["loaded"]["residuals"]
         assert saved and saved.keys() == loaded.keys()
         assert any(v.abs().sum() > 0 for v in saved.values()), "Top-K left no residual: the test is vacuous"
         for k in saved:
@@ -120,10 +120,10 @@ def test_checkpoint_round_trip_restores_every_ranks_residuals(tmp_path):
         # ... and training on from the checkpoint is the uninterrupted run, bit for bit.
         for a, b in zip(full[rank]["ckpt"]["weights"], resumed[rank]["ckpt"]["weights"]):
             assert torch.equal(a, b)
-        end_full = full[rank]["ckpt"]["final_hook_state"]["memory"]["residuals"]
-        end_resumed = resumed[rank]["ckpt"]["final_hook_state"]["memory"]["residuals"]
+        end_full = full[rank]["ckpt"]["final_hook_state"]["residuals"]
+        end_resumed = resumed[rank]["ckpt"]["final_hook_state"]["residuals"]
         assert all(torch.equal(end_full[k], end_resumed[k]) for k in end_full)
     # ranks keep different residuals: both were saved, not one copied to the other
-    r0 = full[0]["ckpt"]["states"]["saved"]["memory"]["residuals"]
-    r1 = full[1]["ckpt"]["states"]["saved"]["memory"]["residuals"]
+    r0 = full[0]["ckpt"]["states"]["saved"]["residuals"]
+    r1 = full[1]["ckpt"]["states"]["saved"]["residuals"]
     assert any(not torch.equal(r0[k], r1[k]) for k in r0)

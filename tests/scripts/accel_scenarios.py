@@ -66,7 +66,7 @@ def fit(accelerator: Accelerator, spec: tuple, compression: str = "none", save_a
     done, epoch = 0, 0
     if load:
         accelerator.load_state(ckpt)
-        done = epoch = save_at // len(loader)  # saved at an epoch boundary; the loader starts the next epoch
+        done, epoch = save_at, save_at // len(loader)  # saved at an epoch boundary: go on with the next epoch
         loader.set_epoch(epoch)
         out["states"]["loaded"] = plugin.hook_state.state_dict()
     while done < steps:

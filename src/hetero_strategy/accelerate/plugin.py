@@ -35,6 +35,7 @@ from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
 from hetero_strategy.balance.probe import StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
+from hetero_strategy.runtime.loaders import train_loader_batch_size
 
 __all__ = ["HeteroPlugin"]
 
@@ -87,6 +88,7 @@ class HeteroPlugin:
         if train_index is None:
             raise ConfigError("objects=... is invalid for HeteroPlugin.prepare: pass the training DataLoader "
                               "(map-style dataset, batch_size=B) together with the model and optimizer")
+        train_loader_batch_size(objects[train_index])  # refuse loaders hetero cannot split, before any work
         self.accelerator = accelerator
         self.runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
                                      info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))

@@ -21,9 +21,11 @@ from pathlib import Path
 
 from hetero_strategy.wizard.question import WizardError
 
-__all__ = ["PROFILE_NAME", "run_profiler"]
+__all__ = ["CPU_PROFILE_ARGS", "PROFILE_NAME", "profiler_command", "run_profiler"]
 
 PROFILE_NAME = "cluster-profile.json"
+CPU_PROFILE_ARGS: list[str] = ["--max-bytes", "4MB"]
+"""Profiler options on CPU: the all-reduce sweep up to 256 MB takes minutes over gloo."""
 
 
 def _free_port() -> int:
@@ -39,7 +41,7 @@ def profiler_command(out: Path, nproc: int, cpu: bool) -> list[str]:
                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
     cmd += ["-m", "hetero_strategy.cli", "profile", "--json", str(out)]
     if cpu:
-        cmd += ["--max-bytes", "4MB"]  # the sweep to 256 MB takes minutes over gloo on CPU
+        cmd += CPU_PROFILE_ARGS
     return cmd
 
 

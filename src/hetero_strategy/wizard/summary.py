@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero_strategy.wizard.question import Answers, as_text
+from hetero_strategy.wizard.questions import QUESTIONS
 from hetero_strategy.wizard.writers import ConfigPaths, launch_command, lightning_line
 
 __all__ = ["print_summary"]
@@ -20,8 +21,11 @@ def answers_table(answers: Answers) -> Table:
     table = Table(title="hetero-strategy config", show_header=True)
     table.add_column("question")
     table.add_column("answer")
+    by_name = {q.name: q for q in QUESTIONS}
     for name, value in answers.items():
-        table.add_row(name, as_text(value) if value is not None else "-")
+        q = by_name[name]
+        text = q.show(value) if q.kind == "text" else as_text(value)
+        table.add_row(name, "-" if text in ("", "None") else text)  # "-": the library's own default
     return table
 
 
