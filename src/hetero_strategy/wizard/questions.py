@@ -115,7 +115,7 @@ QUESTIONS: list[Question] = [
     Question(name="profile", kind="text", asked=lambda a: a.get("profile_source") == "read",
              applies=lambda a: a.get("profile_source") in ("read", "run"),
              message="Path of the cluster profile JSON (empty for none)?", default=_default_profile,
-             parse=checks.parse_profile, help="a cluster profile JSON (hetero-strategy profile --json PATH)"),
+             parse=checks.parse_profile, help="written by `hetero-strategy profile --json PATH`"),
     Question(name="tiers", kind="text", note=_note_proposal,
              message="Link tier of each rank (nvlink, ib, eth10g, eth1g; comma-separated, one for all, "
                      "or auto to measure at start-up)?",
