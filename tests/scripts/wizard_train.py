@@ -21,16 +21,22 @@ from torch.utils.data import DataLoader, TensorDataset
 from hetero_strategy.accelerate import HeteroPlugin
 
 
+def say(line: str) -> None:
+    # NOTE: one write() per line: both ranks share the launcher's stdout pipe, and print() writes
+    # the text and its newline separately, so two ranks' lines could run together.
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> None:
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     torch_world = dist.get_world_size() if dist.is_initialized() else 1
-    print(f"rank {rank}/{world} world {torch_world} type {accelerator.distributed_type.value}", flush=True)
+    say(f"rank {rank}/{world} world {torch_world} type {accelerator.distributed_type.value}")
     plugin = HeteroPlugin()  # reads $HETERO_STRATEGY_CONFIG
     cfg = plugin.config
-    print(f"rank {rank}/{world} config {os.environ.get('HETERO_STRATEGY_CONFIG')} "
-          f"capacities={cfg.balance.capacities} compression={cfg.compression.method} "
-          f"calibrate={cfg.calibration.calibrate}", flush=True)
+    say(f"rank {rank}/{world} config {os.environ.get('HETERO_STRATEGY_CONFIG')} "
+        f"capacities={cfg.balance.capacities} compression={cfg.compression.method} "
+        f"calibrate={cfg.calibration.calibrate}")
 
     torch.manual_seed(0)
     x = torch.randn(32, 4)  # (N, 4)
@@ -44,9 +50,9 @@ def main() -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        print(f"rank {rank}/{world} batch {len(xb)} loss {loss.item():.4f}", flush=True)
+        say(f"rank {rank}/{world} batch {len(xb)} loss {loss.item():.4f}")
     accelerator.wait_for_everyone()
-    print(f"rank {rank}/{world} done", flush=True)
+    say(f"rank {rank}/{world} done")
     accelerator.end_training()
 
 
