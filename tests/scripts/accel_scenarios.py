@@ -9,6 +9,8 @@ restores that state in a fresh launch and trains the same steps. Each rank write
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import sys
 from pathlib import Path
 
@@ -97,6 +99,7 @@ def fit(accelerator: Accelerator, spec: tuple, compression: str = "none", save_a
 
 
 def main() -> None:
+    faulthandler.enable()  # a native abort in a rank shows its Python stack in the test's report
     group, out_dir = sys.argv[1], Path(sys.argv[2])
     ckpt = sys.argv[3] if len(sys.argv) > 3 else None
     tracker = ListTracker()
@@ -114,6 +117,11 @@ def main() -> None:
                              load=group == "ckpt_load")
     result["logged"] = tracker.rows
     torch.save(result, out_dir / f"rank{accelerator.process_index}.pt")
+    # NOTE: free the DDP models now: objects kept alive by reference cycles until interpreter
+    # finalization can still hold gloo work whose release then aborts the process (SIGABRT,
+    # "terminate called without an active exception"; see pytorch/pytorch#179291).
+    accelerator.free_memory()
+    gc.collect()
     accelerator.end_training()
 
 

@@ -11,6 +11,7 @@ step and a ``config`` line with the hetero settings HeteroPlugin read from $HETE
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -53,6 +54,11 @@ def main() -> None:
         say(f"rank {rank}/{world} batch {len(xb)} loss {loss.item():.4f}")
     accelerator.wait_for_everyone()
     say(f"rank {rank}/{world} done")
+    # NOTE: release the DDP model while the interpreter is alive (gloo work freed during
+    # finalization can abort the process; pytorch/pytorch#179291), then destroy the group.
+    del model, optimizer, loader
+    accelerator.free_memory()
+    gc.collect()
     accelerator.end_training()
 
 

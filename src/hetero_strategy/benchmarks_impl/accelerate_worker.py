@@ -9,6 +9,7 @@ MODE ``plain`` is Accelerate's own DDP (each rank batch B); ``hetero`` is the sa
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -66,6 +67,10 @@ def main(argv: list[str]) -> None:
         with open(out, "w") as f:
             json.dump({"mode": mode, "model": model_name, "step_s": times,
                        "global_batch": batch * accelerator.num_processes}, f)
+    # NOTE: free the DDP model before the process group goes (pytorch/pytorch#179291)
+    del model, opt, loader
+    accelerator.free_memory()
+    gc.collect()
     accelerator.end_training()
 
 

@@ -39,7 +39,14 @@ from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
 from hetero_strategy.hooks.hierarchy import build_fast_groups, hierarchical_exchange
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
-from hetero_strategy.hooks.tiers import TIER_ENV, TierPolicy, gather_tiers, resolve_tier, tier_policy
+from hetero_strategy.hooks.tiers import (
+    TIER_ENV,
+    TierPolicy,
+    gather_tiers,
+    leader_tiers,
+    resolve_tier,
+    tier_policy,
+)
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState", "onebit_hook", "topk_hook"]
@@ -97,9 +104,8 @@ class CompressedState(WeightedReduceState):
         period = config.density_period or fixed or 1000
         self.schedule = DensitySchedule(config.base_density, config.min_density, config.dense_warmup_steps,
                                         period, cosine=config.density_schedule == "cosine")
-        if self.hier is None or self.hier.is_leader:
-            self.tiers, self.policies = self._policies(config, self.exchange_group)
-        else:  # never compresses: its group's leader does
+        self.tiers, self.policies = self._policies(config, self.exchange_group)
+        if self.hier is not None and not self.hier.is_leader:  # never compresses: its group's leader does
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.memory = ResidualMemory()
         self.total_numel: int | None = None
@@ -111,20 +117,28 @@ class CompressedState(WeightedReduceState):
         self.last_modes: dict[int, str] = {}
 
     def _policies(self, config: CompressionConfig, group) -> "tuple[list[str] | None, list[TierPolicy]]":
+        """Every member's tier and policy in the exchange (collective on all ranks for tiered)."""
         if config.method != "tiered":
             return None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
+        # NOTE: tiers are resolved and gathered over the default group (every rank, leader or
+        # not): in hierarchical mode a leader's exchange tier depends on its whole group.
         world = comm.world_size(None if self.hier is not None else group)
         if config.tiers is not None and len(config.tiers) != world:
             raise ValueError(f"tiers={config.tiers!r} is invalid: {len(config.tiers)} entries for "
                              f"{world} ranks; give one tier per rank")
-        me = dist.get_rank(group) if self.hier is None and dist.is_initialized() else (
-            dist.get_rank() if dist.is_initialized() else 0)
+        scope = None if self.hier is not None else group
+        me = dist.get_rank(scope) if dist.is_initialized() else 0
         mine = config.tiers[me] if config.tiers else config.tier
         if mine is None and config.tier_profile is not None and not os.environ.get(TIER_ENV):
             mine = _profile_tier(config.tier_profile, me, world)
-        mine = resolve_tier(mine, group)
-        tiers = gather_tiers(mine, group)
+        tiers = gather_tiers(resolve_tier(mine, scope), scope)
+        if self.hier is not None:
+            tiers = leader_tiers(tiers, self.hier.groups)
         return tiers, [tier_policy(t, config.tier_overrides) for t in tiers]
+
+    def all_dense(self) -> bool:
+        """Every member of the exchange is on a dense tier: a plain all-reduce, no residuals."""
+        return all(p.tier_factor is None for p in self.policies)
 
     def _reset_step_stats(self) -> None:
         self._acc_sent = self._acc_recv = self._acc_entries = self._acc_numel = 0
@@ -272,7 +286,10 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     step = state.step
     state.record_bucket(bucket)
     mode = state.mode(step)
-    if mode == "warmup" or (state.hier is None and state.policies[state.rank].tier_factor is None):
+    # NOTE: a dense-tier rank beside sparse ones must run the same collectives as they do
+    # (_compress: its density 1 sends every parameter densely); only an all-dense exchange may
+    # take the plain all-reduce.
+    if mode == "warmup" or (state.hier is None and state.all_dense()):
         return _warmup(state, bucket, mode)
     state._scale(bucket, clip=True)
     if state.hier is not None:
@@ -303,6 +320,7 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
         elif k > 0:
             dense_parts.append(seg.clone())
             seg.zero_()
+            k = n  # a parameter that went dense sends all of its entries
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
         sent_entries += k

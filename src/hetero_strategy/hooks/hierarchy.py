@@ -35,6 +35,8 @@ class FastGroups:
     """Lowest global rank of every fast group, in group order."""
     cross: Any
     """Process group of the leaders (None on other ranks)."""
+    groups: list[list[int]]
+    """Every fast group's global ranks, in group order (the leaders' order)."""
 
     @property
     def leader(self) -> int:
@@ -68,7 +70,8 @@ def build_fast_groups(groups: list[list[int]] | None = None) -> FastGroups:
             mine, intra = g, pg
     leaders = [g[0] for g in groups]
     cross = dist.new_group(leaders)
-    return FastGroups(members=mine, intra=intra, leaders=leaders, cross=cross if me in leaders else None)
+    return FastGroups(members=mine, intra=intra, leaders=leaders, cross=cross if me in leaders else None,
+                      groups=groups)
 
 
 def hierarchical_exchange(state, bucket: dist.GradBucket, step: int, mode: str, compress) -> torch.futures.Future:
@@ -89,7 +92,7 @@ def hierarchical_exchange(state, bucket: dist.GradBucket, step: int, mode: str, 
     state._acc_sent += sent + numel_bytes
     state._acc_recv += sent + numel_bytes
     if h.is_leader:
-        if state.policies[state.rank].tier_factor is None:  # dense link between leaders
+        if state.all_dense():  # dense links between all leaders
             fut, sent = comm.all_reduce(buf, state.exchange_group)
             state._account(bucket, "dense", sent, buf.numel())
             fut.wait()

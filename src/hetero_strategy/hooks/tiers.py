@@ -25,12 +25,14 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.cluster.tiers import classify_tier
+from hetero_strategy.config import TIERS
 
 __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
     "TierPolicy",
     "gather_tiers",
+    "leader_tiers",
     "measure_bandwidth_gbps",
     "resolve_tier",
     "tier_from_bandwidth",
@@ -141,3 +143,23 @@ def gather_tiers(tier: str, process_group: dist.ProcessGroup | None = None) -> l
     out: list[Any] = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(out, tier, group=process_group)
     return list(out)
+
+
+def leader_tiers(tiers: list[str], groups: list[list[int]]) -> list[str]:
+    """The tier of each fast group's leader in the exchange between groups (hierarchical mode).
+
+    Inside a group the reduction is dense whatever the tiers; between groups the link is the
+    bottleneck, so a leader takes the slowest tier among its group's ranks. A group whose ranks are
+    all on a dense tier (NVLink inside the node) reaches the other groups over the job's slowest
+    link, so it takes that tier; only a job on dense tiers throughout exchanges densely.
+    """
+    def slowest(ts: list[str]) -> str:
+        return max(ts, key=TIERS.index)  # TIERS runs from the fastest link to the slowest
+
+    dense = TIERS[0]
+    job = slowest(tiers)
+    out = []
+    for g in groups:
+        own = slowest([tiers[r] for r in g])
+        out.append(job if own == dense else own)
+    return out
