@@ -23,27 +23,33 @@ CFG = dict(base=0.5, floor=0.01, warmup=1, period=6, sync_every=5)
 HIER_TIERS = ["nvlink", "nvlink", "eth1g", "eth1g"]
 
 
-def _config(tiers: list[str], hierarchical: bool):
+TRITON_PAIRS = [("ib", "eth10g"), ("nvlink", "eth1g"), ("eth1g", "eth1g")]
+
+
+def _config(tiers: list[str], hierarchical: bool, backend: str = "torch"):
     from hetero_strategy.config import CompressionConfig
 
     return CompressionConfig(method="tiered", tiers=tiers, base_density=CFG["base"], min_density=CFG["floor"],
                              dense_warmup_steps=CFG["warmup"], density_period=CFG["period"],
                              dense_sync_every=CFG["sync_every"], hierarchical=hierarchical,
-                             fast_groups=[[0, 1], [2, 3]] if hierarchical else None)
+                             fast_groups=[[0, 1], [2, 3]] if hierarchical else None, compression_backend=backend)
 
 
-def _train(rank: int, world: int, runs: list[tuple[list[str], bool]], sizes: list[int]) -> list[dict]:
+def _train(rank: int, world: int, runs: list[tuple], sizes: list[int]) -> list[dict]:
+    import os
+
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero_strategy.hooks import CompressedState, topk_hook
 
+    os.environ["TRITON_INTERPRET"] = "1"  # the Triton kernels run on CPU tensors only under the interpreter
     init_gloo(rank, world)
     x, y = make_data(sum(sizes) * STEPS).tensors
     start, g = sum(sizes[:rank]), sum(sizes)
     out = []
-    for tiers, hierarchical in runs:
+    for tiers, hierarchical, *backend in runs:
         ddp = DistributedDataParallel(make_net())
-        state = CompressedState(_config(tiers, hierarchical))
+        state = CompressedState(_config(tiers, hierarchical, *backend))
         state.set_local_batch(sizes[rank], g)
         ddp.register_comm_hook(state, topk_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -108,6 +114,16 @@ def test_density_and_bytes_match_a_hand_count(flat):
     for rank in range(2):
         density, sent = flat[rank][PAIRS.index(("nvlink", "eth1g"))]["stats"][1]
         assert density == 1.0 and sent == 58 * 4
+
+
+def test_hooks_through_the_triton_kernels_equal_the_torch_path(flat):
+    # selection, compaction, error feedback and scatter run as Triton kernels (interpreted on CPU)
+    out = run_distributed(_train, 2, [(list(p), False, "triton") for p in TRITON_PAIRS], [3, 13], timeout=240)
+    for i, pair in enumerate(TRITON_PAIRS):
+        for rank in range(2):
+            for a, b in zip(out[rank][i]["weights"], flat[rank][PAIRS.index(pair)]["weights"]):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            assert out[rank][i]["stats"] == flat[rank][PAIRS.index(pair)]["stats"]
 
 
 def test_hierarchical_nvlink_nodes_on_a_slow_link_equal_the_simulation():
