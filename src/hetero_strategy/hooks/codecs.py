@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
@@ -178,6 +179,16 @@ class TopKCodec:
         return out
 
 
+@lru_cache(maxsize=256)
+def _device_constants(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment sizes (S,) int64, bit weights (8,) uint8) on ``device``, built once per bucket layout.
+
+    NOTE: built per call, both were a blocking host-to-device copy per bucket and step on CUDA.
+    """
+    return (torch.tensor(sizes, dtype=torch.int64, device=device),
+            torch.tensor(SignCodec._BITS, dtype=torch.uint8, device=device))
+
+
 class SignCodec:
     """1-bit sign compression with one scale (mean |acc|) per segment (parameter), signSGD-style.
 
@@ -194,14 +205,14 @@ class SignCodec:
     def compress(cls, acc: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Payload (uint8: ceil(n/8) sign bytes + 4 bytes per segment) and residual = acc - scale*sign."""
         n = acc.numel()
-        sizes_t = torch.tensor(sizes, device=acc.device)
+        sizes_t, weights = _device_constants(tuple(sizes), acc.device)
         scales = torch.stack([seg.abs().mean() for seg in acc.split(sizes)])  # (S,) fp32; NaN if one is
         positive = acc >= 0  # (n,) bool
         signs = positive.to(torch.float32).mul_(2.0).sub_(1.0)  # (n,) in {-1, +1}
-        residual = acc - torch.repeat_interleave(scales, sizes_t) * signs
+        # output_size: without it repeat_interleave reads the total back from the device (a sync)
+        residual = acc - torch.repeat_interleave(scales, sizes_t, output_size=n) * signs
         padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=acc.device)
         padded[:n] = positive.to(torch.uint8)
-        weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=acc.device)
         packed = (padded.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)  # (ceil(n/8),)
         return torch.cat([packed, scales.view(torch.uint8)]), residual
 
@@ -209,14 +220,13 @@ class SignCodec:
     def decompress(cls, gathered: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """Sum over ranks of scale_r * sign_r: gathered (R, payload) uint8 -> (numel,) fp32."""
         numel, nseg = sum(sizes), len(sizes)
-        sizes_t = torch.tensor(sizes, device=gathered.device)
-        weights = torch.tensor(cls._BITS, dtype=torch.uint8, device=gathered.device)
+        sizes_t, weights = _device_constants(tuple(sizes), gathered.device)
         out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
         for row in gathered:
             scales = row[-4 * nseg:].clone().view(torch.float32)  # (S,); clone: view needs alignment
             bits = (row[:-4 * nseg].unsqueeze(1) & weights).ne(0).reshape(-1)[:numel]  # (numel,) bool
             signs = bits.to(torch.float32).mul_(2.0).sub_(1.0)
-            out.add_(signs.mul_(torch.repeat_interleave(scales, sizes_t)))
+            out.add_(signs.mul_(torch.repeat_interleave(scales, sizes_t, output_size=numel)))
         return out
 
 
