@@ -14,7 +14,13 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DDPCommunicationHookType, DistributedType
 from dist_utils import init_gloo, run_distributed
 from oracle import make_data, make_net
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import (
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from hetero_strategy.accelerate import HeteroPlugin
 from hetero_strategy.accelerate.checks import check_accelerator, second_hook_error
@@ -66,9 +72,27 @@ def test_iterable_dataset_is_refused():
         HeteroPlugin().prepare(Accelerator(cpu=True), *_objects(DataLoader(Stream(), batch_size=4)))
 
 
+@pytest.mark.parametrize("sampler", [
+    SubsetRandomSampler(range(10)),
+    WeightedRandomSampler([0.0] + [1.0] * 31, num_samples=32),
+    RandomSampler(range(32), replacement=True),
+], ids=lambda s: type(s).__name__)
+def test_a_sampler_hetero_would_drop_is_refused(sampler):
+    loader = DataLoader(make_data(32), batch_size=8, sampler=sampler)
+    with pytest.raises(ConfigError, match=f"DataLoader.sampler={type(sampler).__name__} is invalid.*Subset"):
+        HeteroPlugin().prepare(Accelerator(cpu=True), *_objects(loader))
+
+
+def test_a_stateful_loader_is_refused():
+    fake = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, split_batches=False, dispatch_batches=False,
+                           use_stateful_dataloader=True, ddp_handler=None)
+    with pytest.raises(ConfigError, match=r"use_stateful_dataloader=True\) is invalid.*set_epoch"):
+        check_accelerator(fake)
+
+
 def test_missing_training_loader_and_bad_fields():
     net, opt, _ = _objects()
-    with pytest.raises(ConfigError, match="pass the training DataLoader"):
+    with pytest.raises(ConfigError, match=r"objects=\(Sequential, SGD\) is invalid.*training DataLoader"):
         HeteroPlugin().prepare(Accelerator(cpu=True), net, opt)
     with pytest.raises(ConfigError, match=r"batch_sizes\[0\]=0 is invalid"):
         HeteroPlugin(batch_sizes=[0, 16])

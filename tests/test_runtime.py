@@ -43,10 +43,13 @@ def _train(rank: int, world: int, flat: dict, steps: int) -> dict:
                 break
         loader.batch_sampler.set_epoch(loader.batch_sampler.epoch + 1)
     state = runtime.state_dict()
+    # a new run builds its parts first (as an adapter does), then loads: the parts take the state
     fresh = HeteroRuntime(HeteroConfig.from_flat(**flat), rank, world)
+    fresh.train_loader(DataLoader(make_data(70), batch_size=8, shuffle=True), seed=0, measure=measure)
     fresh.load_state_dict(state)
     return {"seen": seen, "weights": [p.detach().clone() for p in net.parameters()], "metrics": runtime.metrics(),
-            "state": state, "restored": fresh.state_dict(), "gathered": runtime.gathered_state_dict()}
+            "state": state, "restored": fresh.state_dict(), "restored_epoch": fresh.sampler.epoch,
+            "gathered": runtime.gathered_state_dict()}
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +75,12 @@ def test_metrics_are_every_ranks(explicit):
 
 def test_state_round_trip_and_gather(explicit):
     for rank in range(2):
-        assert explicit[rank]["restored"] == explicit[rank]["state"]
-        assert explicit[rank]["state"]["steps"] == 7
-        assert [r["steps"] for r in explicit[rank]["gathered"]["ranks"]] == [7, 7]
+        saved, restored = explicit[rank]["state"], explicit[rank]["restored"]
+        assert saved["steps"] == 7 and restored["steps"] == 7
+        assert restored["sampler"] == saved["sampler"] and explicit[rank]["restored_epoch"] == saved["sampler"]["epoch"]
+    # rank 0 holds every rank's state for the checkpoint it writes; the others hold no copies
+    assert [r["steps"] for r in explicit[0]["gathered"]["ranks"]] == [7, 7]
+    assert explicit[1]["gathered"]["ranks"] is None
 
 
 def test_probe_plans_a_split_that_keeps_semantics():

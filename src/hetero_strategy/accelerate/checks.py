@@ -33,6 +33,12 @@ def check_accelerator(accelerator: Any) -> None:
             "and hand out equal batches. Use dispatch_batches=False (DataLoaderConfiguration) with a "
             "map-style dataset; every rank then loads its own slice"
         )
+    if getattr(accelerator, "use_stateful_dataloader", False):
+        raise ConfigError(
+            "DataLoaderConfiguration(use_stateful_dataloader=True) is invalid with HeteroPlugin: a stateful "
+            "loader fast-forwards the sampler on resume without the per-batch plans hetero weights gradients "
+            "by. Use use_stateful_dataloader=False and resume at an epoch boundary (loader.set_epoch)"
+        )
     handler = getattr(accelerator, "ddp_handler", None)
     for name in ("comm_hook", "comm_wrapper"):
         value = getattr(handler, name, None)

@@ -14,7 +14,8 @@ CPU; on GPUs ``accelerate launch --config_file accelerate.yaml train.py``)::
         with accelerator.accumulate(model):
             loss = model(**batch).loss
             accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            if accelerator.sync_gradients:        # clip the reduced gradient, not a partial one
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step(); scheduler.step(); optimizer.zero_grad()
 """
 
@@ -86,8 +87,9 @@ class HeteroPlugin:
             raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
         train_index = next((i for i, o in enumerate(objects) if isinstance(o, DataLoader)), None)
         if train_index is None:
-            raise ConfigError("objects=... is invalid for HeteroPlugin.prepare: pass the training DataLoader "
-                              "(map-style dataset, batch_size=B) together with the model and optimizer")
+            kinds = ", ".join(type(o).__name__ for o in objects) or "nothing"
+            raise ConfigError(f"objects=({kinds}) is invalid for HeteroPlugin.prepare: pass the training "
+                              "DataLoader (map-style dataset, batch_size=B) together with the model and optimizer")
         train_loader_batch_size(objects[train_index])  # refuse loaders hetero cannot split, before any work
         self.accelerator = accelerator
         self.runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
@@ -95,11 +97,17 @@ class HeteroPlugin:
         rest = [o for i, o in enumerate(objects) if i != train_index]
         prepared = _as_list(accelerator.prepare(*rest)) if rest else []
         model = next((o for o in prepared if isinstance(o, torch.nn.Module)), None)
-        if isinstance(model, DistributedDataParallel):
+        # NOTE: with dynamo_backend / torch.compile Accelerate returns DDP inside an OptimizedModule
+        ddp = getattr(model, "_orig_mod", model)
+        if isinstance(ddp, DistributedDataParallel):
             try:
-                self.runtime.register_hook(model, max_steps=max_steps)
+                self.runtime.register_hook(ddp, max_steps=max_steps)
             except RuntimeError as e:
                 raise (second_hook_error(e) or e) from e
+        elif accelerator.num_processes > 1:
+            raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
+                              f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
+                              "Accelerate builds; pass the nn.Module itself to prepare")
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
         accelerator.register_for_checkpointing(_Checkpoint(self.runtime))
@@ -114,7 +122,8 @@ class HeteroPlugin:
         # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
         # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
         # sharding, device placement, end-of-epoch flag (for accumulate) and set_epoch.
-        rebuilt = self.runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True)
+        rebuilt = self.runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True,
+                                            accumulate=accelerator.gradient_accumulation_steps)
         return HeteroDataLoader(accelerator.prepare(rebuilt), self.runtime)
 
     def _measure(self, model: Any, loss_fn: LossFn | None, batches: list[tuple[Any, int]],

@@ -29,9 +29,12 @@ class OnlineBalancer:
             balancer.step_end(step, compute_s, len(batch))
     """
 
-    def __init__(self, calibrator: Calibrator, sampler: HeteroBatchSampler) -> None:
+    def __init__(self, calibrator: Calibrator, sampler: HeteroBatchSampler, accumulate: int = 1) -> None:
         self.calibrator = calibrator
         self.sampler = sampler
+        # micro-batches per optimizer step: a new split starts with an accumulation window, since
+        # the comm hook weights a window's summed gradient by its last micro-batch's b_r / G
+        self.accumulate = max(1, int(accumulate))
         self._pending: list[tuple[int, float, int]] = []  # (step, compute_s, local batch)
 
     def decision_due(self, step: int) -> bool:
@@ -56,11 +59,20 @@ class OnlineBalancer:
             decision = self.calibrator.observe(s, times, batches) or decision
         self._pending.clear()
         if decision is not None:
-            self.sampler.set_batch_sizes(decision, from_step=self.sampler.next_unyielded_step())
+            self.sampler.set_batch_sizes(decision, from_step=self._window_start(self.sampler.next_unyielded_step()))
         return decision
 
+    def _window_start(self, step: int) -> int:
+        """The first global step >= ``step`` that opens an accumulation window (windows restart each epoch)."""
+        per_epoch = max(1, self.sampler.steps_per_epoch())
+        while (step % per_epoch) % self.accumulate:
+            step += 1
+        return step
+
     def state_dict(self) -> dict:
-        return {"calibrator": self.calibrator.state_dict()}
+        # the rows recorded since the last decision, so a resumed run decides as an uninterrupted one
+        return {"calibrator": self.calibrator.state_dict(), "pending": [list(r) for r in self._pending]}
 
     def load_state_dict(self, state: dict) -> None:
         self.calibrator.load_state_dict(state["calibrator"])
+        self._pending = [(int(s), float(t), int(b)) for s, t, b in state.get("pending", [])]

@@ -192,7 +192,8 @@ class HeteroStrategy(DDPStrategy):
             cfg = self.hetero_config.balance
             seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
             return self.runtime.train_loader(dataloader, seed=seed, measure=self._measure,
-                                             shuffle=lightning_is_shuffled(dataloader))
+                                             shuffle=lightning_is_shuffled(dataloader),
+                                             accumulate=trainer.accumulate_grad_batches)
         if self._use_distributed_sampler:
             return distributed_eval_loader(dataloader, self.world_size, self.global_rank, trainer.state.stage)
         return dataloader

@@ -91,13 +91,14 @@ class HeteroRuntime:
         ddp_model.register_comm_hook(self.hook_state, hook)
 
     def train_loader(self, loader: DataLoader, *, seed: int, measure: Measure | None = None,
-                     shuffle: bool | None = None, all_ranks: bool = False) -> DataLoader:
+                     shuffle: bool | None = None, all_ranks: bool = False, accumulate: int = 1) -> DataLoader:
         """The user's training loader rebuilt with capacity-sized slices of each global batch.
 
         The loader's ``batch_size`` B is the mean per-rank batch (G = B x world size). Without
         explicit sizes or capacities, ``measure`` times the real model at B and B/2 on every rank
         (collective). ``all_ranks`` makes the loader yield every rank's slice in turn, for a
-        framework that deals batches out to ranks itself.
+        framework that deals batches out to ranks itself. ``accumulate`` is the number of
+        micro-batches per optimizer step: calibrated splits change only between windows.
         """
         batch = train_loader_batch_size(loader)
         global_batch = batch * self.world_size
@@ -108,11 +109,19 @@ class HeteroRuntime:
         if self.config.calibration.calibrate:
             from hetero_strategy.balance.calibrator import Calibrator
 
-            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes), self.sampler)
+            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes), self.sampler, accumulate)
+        self._warn_partial_window(loader, global_batch, accumulate)
         self._restore_pending()
         self.info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
                   f"(shuffle={self.sampler.shuffle}, seed={seed})")
         return loader
+
+    def _warn_partial_window(self, loader: DataLoader, global_batch: int, accumulate: int) -> None:
+        if accumulate > 1 and not loader.drop_last and len(loader.dataset) % global_batch:
+            self.warn(f"hetero: accumulating {accumulate} micro-batches with a partial last batch "
+                      f"({len(loader.dataset)} samples, global batch {global_batch}): the window holding it is "
+                      "weighted by its last micro-batch, so it is not exactly the one-process step. Use "
+                      "drop_last=True, or a dataset length divisible by the global batch, for exact semantics")
 
     def _probe(self, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
         # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
@@ -199,12 +208,16 @@ class HeteroRuntime:
         self._restore_pending()
 
     def gathered_state_dict(self) -> dict[str, Any]:
-        """Every rank's :meth:`state_dict` (collective), for a checkpoint written by rank 0 only."""
+        """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
+
+        Other ranks get ``ranks: None`` (their copy is not written); gathering to rank 0 only keeps
+        W copies of every rank's residuals off the other ranks.
+        """
         mine = self.state_dict()
-        gathered: list[Any] = [mine]
-        if dist.is_available() and dist.is_initialized():
-            gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
+        gathered: list[Any] | None = [mine]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
         return {"ranks": gathered, "config": self.config.to_dict()}
 
     def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.config import ConfigError
@@ -20,14 +20,25 @@ def train_loader_batch_size(loader: DataLoader) -> int:
     """The user's per-rank mean batch B; refuse loaders hetero cannot split."""
     if isinstance(loader.dataset, IterableDataset):
         raise ConfigError(
-            f"train_dataloader.dataset={type(loader.dataset).__name__} is invalid for hetero: an "
+            f"DataLoader.dataset={type(loader.dataset).__name__} is invalid for hetero training: an "
             "IterableDataset cannot be split into capacity-sized slices of one global batch; use a map-style "
             "Dataset (with __len__ and __getitem__)"
         )
     if loader.batch_size is None:
         raise ConfigError(
-            f"train_dataloader.batch_sampler={type(loader.batch_sampler).__name__} is invalid for hetero: "
+            f"DataLoader.batch_sampler={type(loader.batch_sampler).__name__} is invalid for hetero training: "
             "hetero replaces the batch sampler; pass DataLoader(dataset, batch_size=B, shuffle=...) instead"
+        )
+    sampler = loader.sampler
+    plain_random = isinstance(sampler, RandomSampler) and not sampler.replacement \
+        and sampler.num_samples == len(loader.dataset)
+    if not (isinstance(sampler, SequentialSampler) or plain_random):
+        # NOTE: hetero orders the samples itself (one process's shuffle or sequence); any other
+        # sampler's choice of samples would be dropped silently
+        raise ConfigError(
+            f"DataLoader.sampler={type(sampler).__name__} is invalid for hetero training: hetero replaces the "
+            "sampler with one process's order (shuffle=True or False). Pass shuffle=... instead, or select the "
+            "samples with torch.utils.data.Subset(dataset, indices)"
         )
     return int(loader.batch_size)
 
