@@ -46,3 +46,32 @@ def test_probe_times_only_its_own_step_and_keeps_ranks_in_step(results):
     # The second, interleaved step function does nothing: its figure must not carry the sleeps.
     assert all(r["idle"] < 0.1 for r in results)
     assert [r["sum"] for r in results] == [3.0, 3.0]
+
+
+def _one_rank_fails(rank: int, world_size: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from hetero_strategy.balance.probe import ProbeError, measure_step_seconds
+    init_gloo(rank, world_size)
+
+    def step(start_comm) -> None:
+        if rank == 1:  # e.g. out of memory on the smallest device, before the exchange starts
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        start_comm()
+
+    try:
+        measure_step_seconds([step], steps=2, warmup=1, comm_numel=1000)
+        message = "no error"
+    except ProbeError as e:
+        message = str(e)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)  # the ranks are still in step afterwards
+    return {"message": message, "sum": t.item()}
+
+
+def test_a_step_failing_on_one_rank_fails_the_probe_on_every_rank_without_a_hang():
+    out = run_distributed(_one_rank_fails, 2, timeout=60)
+    assert "out of memory (simulated)" in out[1]["message"]
+    assert "failed on rank(s) [1]" in out[0]["message"]
+    assert [r["sum"] for r in out] == [3.0, 3.0]

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
-from hetero_strategy.balance.probe import StepCost, probe_step_cost
+from hetero_strategy.balance.probe import ProbeError, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.loaders import train_loader_batch_size
@@ -137,11 +137,11 @@ class HeteroPlugin:
         try:
             return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
                                    with_comm=with_comm)
-        except Exception as e:  # NOTE: only the guessed default may fail, and every rank fails alike
+        except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
             if loss_fn is not None:
                 raise
-            self.runtime.warn(f"hetero: the probe could not call the model on a batch ({e!r}); pass "
-                              "loss_fn=lambda model, batch: ... to HeteroPlugin.prepare")
+            self.runtime.warn(f"hetero: {e}; pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, "
+                              "or batch_sizes=/capacities=")
             return None
 
     def _wire_steps(self, prepared: list[Any]) -> None:

@@ -10,7 +10,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
+__all__ = ["ProbeError", "StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
+
+
+class ProbeError(RuntimeError):
+    """The probe failed on some rank; raised on every rank alike, so none is left in a collective."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,15 @@ def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]
     many float32 values (the gradient's size), waited for after the clock stops: the figure is
     this rank's compute while an exchange competes with its backward pass, without the wait for
     slower peers. Every rank must call this with the same arguments (except the step functions).
+
+    A step that raises on one rank (e.g. out of memory on the smallest device) does not leave the
+    others waiting in a collective: the failing rank still joins every exchange, the ranks agree
+    on the failure at the end, and every rank raises :class:`ProbeError`.
     """
     comm = comm_numel > 0 and dist.is_initialized() and dist.get_world_size() > 1
     buf = torch.zeros(comm_numel, dtype=torch.float32, device=device) if comm else None
     times: list[list[float]] = [[] for _ in step_fns]
+    failure: Exception | None = None
     for i in range(warmup + steps):
         for k, step_fn in enumerate(step_fns):
             works: list = []
@@ -68,13 +77,21 @@ def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]
 
             _sync()
             t0 = time.perf_counter()
-            step_fn(start_comm)
-            _sync()
+            if failure is None:
+                try:
+                    step_fn(start_comm)
+                    _sync()
+                except Exception as e:  # noqa: BLE001 - kept, and raised once every rank knows (below)
+                    failure = e
             if i >= warmup:
                 times[k].append(time.perf_counter() - t0)
             start_comm()  # a step that never called it must still join the collective
             for work in works:
                 work.wait()
+    failed = [r for r, (flag,) in enumerate(all_gather_floats([1.0 if failure is not None else 0.0])) if flag]
+    if failed:
+        why = f"{failure!r}" if failure is not None else f"it failed on rank(s) {failed}"
+        raise ProbeError(f"probing the training step failed: {why}") from failure
     return [sorted(t)[len(t) // 2] for t in times]
 
 
