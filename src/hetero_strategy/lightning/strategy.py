@@ -219,13 +219,11 @@ class HeteroStrategy(DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         trainer = self._trainer()
-        if trainer is not None and self.sampler is not None:
-            self.runtime.step_end(trainer.global_step)
-            # Lightning's logging cadence: the same step on every rank, so all join the all-gather.
-            if trainer.logger is not None and self.runtime.metrics_due(trainer.global_step, trainer.log_every_n_steps):
-                self.lightning_module.log_dict(self.runtime.metrics(), on_step=True, on_epoch=False, sync_dist=False)
-        else:
-            self.runtime.timer.step_end()
+        self.runtime.step_end(trainer.global_step if trainer is not None else None)
+        # Lightning's logging cadence: the same step on every rank, so all join the all-gather.
+        if (trainer is not None and self.sampler is not None and trainer.logger is not None
+                and self.runtime.metrics_due(trainer.global_step, trainer.log_every_n_steps)):
+            self.lightning_module.log_dict(self.runtime.metrics(), on_step=True, on_epoch=False, sync_dist=False)
         return out
 
     # ---- checkpoints ---------------------------------------------------------------------
