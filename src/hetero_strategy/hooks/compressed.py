@@ -26,7 +26,6 @@ Example::
 # NOTE: no `from __future__ import annotations`: DDP checks the hook's real annotation objects.
 import dataclasses
 import math
-import os
 from collections.abc import Callable
 
 import torch
@@ -39,14 +38,7 @@ from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
 from hetero_strategy.hooks.hierarchy import build_fast_groups, hierarchical_exchange
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
-from hetero_strategy.hooks.tiers import (
-    TIER_ENV,
-    TierPolicy,
-    gather_tiers,
-    leader_tiers,
-    resolve_tier,
-    tier_policy,
-)
+from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState", "onebit_hook", "topk_hook"]
@@ -104,7 +96,11 @@ class CompressedState(WeightedReduceState):
         period = config.density_period or fixed or 1000
         self.schedule = DensitySchedule(config.base_density, config.min_density, config.dense_warmup_steps,
                                         period, cosine=config.density_schedule == "cosine")
-        self.tiers, self.policies = self._policies(config, self.exchange_group)
+        if config.method == "tiered":  # collective: every rank's tier is gathered
+            self.tiers, self.policies = exchange_policies(config, self.exchange_group,
+                                                          None if self.hier is None else self.hier.groups)
+        else:
+            self.tiers, self.policies = None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
         if self.hier is not None and not self.hier.is_leader:  # never compresses: its group's leader does
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.memory = ResidualMemory()
@@ -115,26 +111,6 @@ class CompressedState(WeightedReduceState):
         self.last_bytes_sent = self.last_bytes_received = 0
         self.total_bytes_sent = self.total_bytes_received = 0
         self.last_modes: dict[int, str] = {}
-
-    def _policies(self, config: CompressionConfig, group) -> "tuple[list[str] | None, list[TierPolicy]]":
-        """Every member's tier and policy in the exchange (collective on all ranks for tiered)."""
-        if config.method != "tiered":
-            return None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
-        # NOTE: tiers are resolved and gathered over the default group (every rank, leader or
-        # not): in hierarchical mode a leader's exchange tier depends on its whole group.
-        world = comm.world_size(None if self.hier is not None else group)
-        if config.tiers is not None and len(config.tiers) != world:
-            raise ValueError(f"tiers={config.tiers!r} is invalid: {len(config.tiers)} entries for "
-                             f"{world} ranks; give one tier per rank")
-        scope = None if self.hier is not None else group
-        me = dist.get_rank(scope) if dist.is_initialized() else 0
-        mine = config.tiers[me] if config.tiers else config.tier
-        if mine is None and config.tier_profile is not None and not os.environ.get(TIER_ENV):
-            mine = _profile_tier(config.tier_profile, me, world)
-        tiers = gather_tiers(resolve_tier(mine, scope), scope)
-        if self.hier is not None:
-            tiers = leader_tiers(tiers, self.hier.groups)
-        return tiers, [tier_policy(t, config.tier_overrides) for t in tiers]
 
     def all_dense(self) -> bool:
         """Every member of the exchange is on a dense tier: a plain all-reduce, no residuals."""
@@ -240,20 +216,6 @@ class CompressedState(WeightedReduceState):
             self.density = self._acc_entries / max(self._acc_numel, 1)
             self.last_modes = self._modes
             self._reset_step_stats()
-
-
-def _profile_tier(path: str, rank: int, world: int) -> str:
-    """This rank's tier from a cluster profile JSON written by ``hetero-strategy profile``."""
-    from hetero_strategy.cluster.profile import load_profile
-
-    try:
-        tiers = load_profile(path).tiers
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"tier_profile={path!r} is invalid: {e}; run `hetero-strategy profile` to write one") from e
-    if len(tiers) != world:
-        raise ValueError(f"tier_profile={path!r} is invalid: it profiles {len(tiers)} ranks but the job has "
-                         f"{world}; profile this cluster again")
-    return tiers[rank]
 
 
 def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:

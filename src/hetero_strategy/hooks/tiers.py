@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
     "TierPolicy",
+    "exchange_policies",
     "gather_tiers",
     "leader_tiers",
     "measure_bandwidth_gbps",
@@ -163,3 +164,42 @@ def leader_tiers(tiers: list[str], groups: list[list[int]]) -> list[str]:
         own = slowest([tiers[r] for r in g])
         out.append(job if own == dense else own)
     return out
+
+
+def exchange_policies(config: Any, group: dist.ProcessGroup | None,
+                      fast_groups: list[list[int]] | None = None) -> tuple[list[str], list[TierPolicy]]:
+    """Each exchange member's tier and policy for ``compression="tiered"`` (collective).
+
+    Flat (``fast_groups`` None): the members are the ranks of ``group``. Hierarchical: the members
+    are the fast groups' leaders, and :func:`leader_tiers` derives their tiers from every rank's.
+
+    NOTE: in hierarchical mode tiers are resolved and gathered over the default group (every rank,
+    leader or not): a leader's exchange tier depends on its whole group.
+    """
+    scope = None if fast_groups is not None else group
+    world = dist.get_world_size(scope) if dist.is_initialized() else 1
+    if config.tiers is not None and len(config.tiers) != world:
+        raise ValueError(f"tiers={config.tiers!r} is invalid: {len(config.tiers)} entries for "
+                         f"{world} ranks; give one tier per rank")
+    me = dist.get_rank(scope) if dist.is_initialized() else 0
+    mine = config.tiers[me] if config.tiers else config.tier
+    if mine is None and config.tier_profile is not None and not os.environ.get(TIER_ENV):
+        mine = _profile_tier(config.tier_profile, me, world)
+    tiers = gather_tiers(resolve_tier(mine, scope), scope)
+    if fast_groups is not None:
+        tiers = leader_tiers(tiers, fast_groups)
+    return tiers, [tier_policy(t, config.tier_overrides) for t in tiers]
+
+
+def _profile_tier(path: str, rank: int, world: int) -> str:
+    """This rank's tier from a cluster profile JSON written by ``hetero-strategy profile``."""
+    from hetero_strategy.cluster.profile import load_profile
+
+    try:
+        tiers = load_profile(path).tiers
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"tier_profile={path!r} is invalid: {e}; run `hetero-strategy profile` to write one") from e
+    if len(tiers) != world:
+        raise ValueError(f"tier_profile={path!r} is invalid: it profiles {len(tiers)} ranks but the job has "
+                         f"{world}; profile this cluster again")
+    return tiers[rank]

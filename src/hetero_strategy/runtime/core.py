@@ -42,7 +42,6 @@ log = logging.getLogger("hetero_strategy")
 
 # measure(batches, with_comm) -> this rank's StepCost, or None when the model cannot be probed.
 Measure = Callable[[list[tuple[Any, int]], bool], "StepCost | None"]
-_PARTS = ("sampler", "hook", "balancer")
 
 
 class HeteroRuntime:
@@ -196,14 +195,13 @@ class HeteroRuntime:
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: sampler schedule, hook state (e.g. residuals), calibrator."""
-        parts = {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer}
-        state = {key: part.state_dict() for key, part in parts.items() if part is not None}
+        state = {key: part.state_dict() for key, part in self._parts().items() if part is not None}
         # Parts not built yet keep what a checkpoint gave them, so a save right after a load loses nothing.
         return {**{k: v for k, v in self._pending.items() if k not in state}, **state, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore this rank's state; parts built later (hook, sampler) take theirs when built."""
-        self._pending = {k: state[k] for k in _PARTS if k in state}
+        self._pending = {k: state[k] for k in self._parts() if k in state}
         self.steps = int(state.get("steps", self.steps))
         self._restore_pending()
 
@@ -230,7 +228,11 @@ class HeteroRuntime:
         self.load_state_dict(dict(ranks[self.rank]))
         return True
 
+    def _parts(self) -> dict[str, Any]:
+        """The checkpointed parts by key (None until built)."""
+        return {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer}
+
     def _restore_pending(self) -> None:
-        for key, part in (("sampler", self.sampler), ("hook", self.hook_state), ("balancer", self.balancer)):
+        for key, part in self._parts().items():
             if part is not None and key in self._pending:
                 part.load_state_dict(self._pending.pop(key))
