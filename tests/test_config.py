@@ -93,7 +93,7 @@ def test_ddp_default_can_be_overridden():
 def test_field_names_are_unique_across_sections():
     import dataclasses
 
-    from hetero_strategy.config import _SECTIONS
+    from hetero_strategy.config.hetero import _SECTIONS
 
     names = [f.name for cls, _ in _SECTIONS.values() for f in dataclasses.fields(cls)]
     assert len(names) == len(set(names)) == len(field_owners())

@@ -1,0 +1,157 @@
+"""The compression section: codec, density schedule, tiers, hierarchy (docs/compression.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetero_strategy.config.errors import _fail
+
+__all__ = ["COMPRESSION_METHODS", "TIERS", "CompressionConfig"]
+
+TIERS = ("nvlink", "ib", "eth10g", "eth1g")
+COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powersgd")
+
+
+@dataclass(kw_only=True, slots=True)
+class CompressionConfig:
+    """Gradient compression in the DDP comm hook (DESIGN.md semantics 6-8); see docs/compression.md."""
+
+    method: str = "none"
+    """One of none, topk, tiered, onebit, fp16, bf16, powersgd."""
+    base_density: float = 0.01
+    """Fraction of gradient entries sent at the start of the cosine schedule."""
+    min_density: float = 0.001
+    """Floor of the density schedule."""
+    tier: str | None = None
+    """This rank's link tier (nvlink, ib, eth10g, eth1g); None reads HETERO_TIER or measures."""
+    tiers: list[str] | None = None
+    """Per-rank link tiers (one per rank; overrides ``tier``), for one config shared by all ranks."""
+    tier_profile: str | None = None
+    """Path of a cluster profile JSON (``hetero-strategy profile``) whose per-rank tiers to use when
+    neither tiers, tier nor HETERO_TIER name one."""
+    tier_overrides: dict[str, dict[str, Any]] | None = None
+    """Per-tier changes of the defaults, e.g. {"eth1g": {"tier_factor": 0.05, "exchange_every": 2,
+    "gamma": 0.9}}; tier_factor None makes a tier dense."""
+    dense_warmup_steps: int = 10
+    """Dense (uncompressed) steps before the sparse schedule starts; at least 1, because DDP rebuilds
+    its buckets after the first step and the hook learns the gradient layout there."""
+    density_period: int | None = None
+    """Steps T of the cosine decay; None takes the run's max_steps when known (Lightning's trainer, or
+    HeteroPlugin.prepare(max_steps=...)), else 1000."""
+    density_schedule: str = "cosine"
+    """cosine (decay to min_density over density_period) or constant (base_density x tier_factor)."""
+    ef_gamma: float = 1.0
+    """Error-feedback strength for topk and onebit (tiered takes each tier's gamma)."""
+    dense_sync_every: int = 100
+    """Every N steps exchange dense full-precision gradients and flush residuals; 0 disables."""
+    clip_norm: float | None = None
+    """Clip each rank's gradient to this global L2 norm before compression (None: no clipping)."""
+    compression_backend: str = "auto"
+    """Top-K kernels: auto (Triton on GPU when available, else torch), triton, or torch."""
+    powersgd_rank: int = 4
+    """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
+    overlap_comm: bool = True
+    """compression="none": overlap each bucket's all-reduce with the rest of backward (DDP's way).
+    False sends all buckets once backward ends: for ranks whose communication competes with
+    backward for the same compute (gloo with one CPU core per rank)."""
+    hierarchical: bool = False
+    """topk/tiered: dense all-reduce inside each fast group (node), compressed exchange between the
+    groups' leaders, then a broadcast inside each group."""
+    fast_groups: list[list[int]] | None = None
+    """Ranks joined by fast links, e.g. [[0, 1], [2, 3]]; None groups ranks by host (and network
+    namespace). Used when hierarchical is true."""
+
+    def __post_init__(self) -> None:
+        if self.method not in COMPRESSION_METHODS:
+            _fail("compression", self.method, f"choose one of {', '.join(COMPRESSION_METHODS)}")
+        for name in ("base_density", "min_density"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+                _fail(name, v, "a density must lie in (0, 1]")
+        if self.min_density > self.base_density:
+            _fail("min_density", self.min_density,
+                  f"must not exceed base_density={self.base_density}; lower min_density")
+        if self.tier is not None and self.tier not in TIERS:
+            _fail("tier", self.tier, f"choose one of {', '.join(TIERS)}")
+        if self.tiers is not None:
+            if not isinstance(self.tiers, (list, tuple)) or not self.tiers:
+                _fail("tiers", self.tiers, "give a non-empty list with one tier per rank")
+            for i, t in enumerate(self.tiers):
+                if t not in TIERS:
+                    _fail(f"tiers[{i}]", t, f"choose one of {', '.join(TIERS)}")
+        if self.tier_profile is not None and not isinstance(self.tier_profile, (str, Path)):
+            _fail("tier_profile", self.tier_profile, "give the path of a cluster profile JSON, or None")
+        self._check_tier_overrides()
+        self._check_int("dense_warmup_steps", self.dense_warmup_steps, 1,
+                        "DDP rebuilds its buckets after step 1, so at least the first step is dense")
+        if self.density_period is not None:
+            self._check_int("density_period", self.density_period, 1, "or None to use the run's max_steps")
+        if self.density_schedule not in ("cosine", "constant"):
+            _fail("density_schedule", self.density_schedule, "choose cosine or constant")
+        if isinstance(self.ef_gamma, bool) or not isinstance(self.ef_gamma, (int, float)) or not 0 < self.ef_gamma <= 1:
+            _fail("ef_gamma", self.ef_gamma, "must lie in (0, 1]; 1.0 is classic error feedback")
+        self._check_int("dense_sync_every", self.dense_sync_every, 0, "0 disables the periodic dense sync")
+        if self.clip_norm is not None and (
+            isinstance(self.clip_norm, bool) or not isinstance(self.clip_norm, (int, float)) or not self.clip_norm > 0
+        ):
+            _fail("clip_norm", self.clip_norm, "must be a positive number (e.g. 5.0) or None")
+        if self.compression_backend not in ("auto", "triton", "torch"):
+            _fail("compression_backend", self.compression_backend, "choose auto, triton or torch")
+        self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
+        if not isinstance(self.overlap_comm, bool):
+            _fail("overlap_comm", self.overlap_comm, "must be true or false")
+        if not self.overlap_comm and self.method != "none":
+            _fail("overlap_comm", self.overlap_comm,
+                  f"deferring communication is only offered for compression='none', not {self.method!r}")
+        if not isinstance(self.hierarchical, bool):
+            _fail("hierarchical", self.hierarchical, "must be true or false")
+        if self.hierarchical and self.method not in ("topk", "tiered"):
+            _fail("hierarchical", self.hierarchical, "works with compression='topk' or 'tiered' only")
+        self._check_fast_groups()
+
+    def _check_fast_groups(self) -> None:
+        groups = self.fast_groups
+        if groups is None:
+            return
+        seen: set[int] = set()
+        if not isinstance(groups, (list, tuple)) or not groups:
+            _fail("fast_groups", groups, "give a list of rank lists, e.g. [[0, 1], [2, 3]]")
+        for i, g in enumerate(groups):
+            if not isinstance(g, (list, tuple)) or not g:
+                _fail(f"fast_groups[{i}]", g, "each group is a non-empty list of ranks")
+            for r in g:
+                if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r in seen:
+                    _fail(f"fast_groups[{i}]", g, "ranks must be distinct integers >= 0, each in one group")
+                seen.add(r)
+        if seen != set(range(len(seen))):
+            _fail("fast_groups", groups, f"the groups must cover ranks 0..{len(seen) - 1} exactly once")
+
+    @staticmethod
+    def _check_int(name: str, value: Any, low: int, why: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _fail(name, value, f"must be an integer >= {low}; {why}")
+
+    def _check_tier_overrides(self) -> None:
+        if self.tier_overrides is None:
+            return
+        if not isinstance(self.tier_overrides, dict):
+            _fail("tier_overrides", self.tier_overrides, "give a mapping tier -> {tier_factor, exchange_every, gamma}")
+        for tier, values in self.tier_overrides.items():
+            if tier not in TIERS:
+                _fail("tier_overrides", tier, f"unknown tier; choose among {', '.join(TIERS)}")
+            if not isinstance(values, dict):
+                _fail(f"tier_overrides.{tier}", values, "give a mapping of tier_factor, exchange_every, gamma")
+            for key, v in values.items():
+                where = f"tier_overrides.{tier}.{key}"
+                if key == "tier_factor":
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
+                        _fail(where, v, "must lie in (0, 1], or None for a dense tier")
+                elif key == "exchange_every":
+                    self._check_int(where, v, 1, "1 exchanges every step")
+                elif key == "gamma":
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                        _fail(where, v, "must lie in (0, 1]")
+                else:
+                    _fail(where, v, "unknown key; use tier_factor, exchange_every or gamma")

@@ -1,0 +1,131 @@
+"""``HeteroConfig``: all sections together, flat keyword routing, YAML in and out."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetero_strategy.config.compression import CompressionConfig
+from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
+
+__all__ = ["HeteroConfig", "field_owners"]
+
+# Section name -> (class, shorthand field): `compression="topk"` means CompressionConfig(method="topk").
+_SECTIONS: dict[str, tuple[type, str | None]] = {
+    "balance": (BalanceConfig, None),
+    "calibration": (CalibrationConfig, "calibrate"),
+    "compression": (CompressionConfig, "method"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class HeteroConfig:
+    """All of hetero_strategy's settings, one section per component."""
+
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+
+    def __post_init__(self) -> None:
+        for name, (cls, _) in _SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, _build_section(name, cls, value))
+            elif not isinstance(value, cls):
+                _fail(name, value, f"must be a {cls.__name__} or a mapping of its fields")
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HeteroConfig:
+        """Build from a nested mapping (the YAML layout); unknown keys are refused."""
+        if not isinstance(data, dict):
+            _fail("config", data, "the top level must be a mapping of sections")
+        unknown = sorted(set(data) - set(_SECTIONS))
+        if unknown:
+            _fail(unknown[0], data[unknown[0]], f"unknown section; known sections: {', '.join(_SECTIONS)}")
+        return cls(**{k: _build_section(k, _SECTIONS[k][0], v or {}) for k, v in data.items()})
+
+    @classmethod
+    def from_flat(cls, **kwargs: Any) -> HeteroConfig:
+        """Build from flat keyword arguments, as ``HeteroStrategy(**kwargs)`` takes them.
+
+        A key is either a section name (with a mapping, a section object, or its shorthand value,
+        e.g. ``compression="topk"``) or the name of a field inside a section (``batch_sizes=...``).
+        """
+        return cls().replace(**kwargs)
+
+    def replace(self, **kwargs: Any) -> HeteroConfig:
+        """A copy with the flat keyword arguments (see :meth:`from_flat`) applied on top."""
+        sections = self.to_dict()
+        owners = field_owners()
+        for key, value in kwargs.items():
+            if key in _SECTIONS:
+                section_cls, shorthand = _SECTIONS[key]
+                if isinstance(value, section_cls):
+                    sections[key] = _as_dict(value)
+                elif isinstance(value, dict):
+                    sections[key].update(value)
+                elif shorthand is not None:
+                    sections[key][shorthand] = value
+                else:
+                    _fail(key, value, f"pass a mapping of {section_cls.__name__} fields")
+            elif key in owners:
+                sections[owners[key]][key] = value
+            else:
+                _fail(key, value, "unknown option; see HeteroConfig for the known fields")
+        return HeteroConfig.from_dict(sections)
+
+    @classmethod
+    def resolve(cls, config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> HeteroConfig:
+        """What an adapter was given: a config object or YAML path (or None), plus flat overrides."""
+        if config is None:
+            return cls.from_flat(**flat)
+        if isinstance(config, (str, Path)):
+            if not Path(config).is_file():
+                _fail("config", str(config), "no such file; write one with `hetero-strategy config` or "
+                      "HeteroConfig.to_yaml")
+            return cls.from_yaml(config).replace(**flat)
+        if isinstance(config, HeteroConfig):
+            return config.replace(**flat)
+        _fail("config", config, "pass a HeteroConfig or the path of a YAML file")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> HeteroConfig:
+        with open(path) as f:
+            return cls.from_dict(yaml.safe_load(f) or {})
+
+    # ---- output -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {name: _as_dict(getattr(self, name)) for name in _SECTIONS}
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def field_owners() -> dict[str, str]:
+    """Map each leaf field name to its section (names are unique across sections)."""
+    owners: dict[str, str] = {}
+    for section, (cls, _) in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            owners[f.name] = section
+    return owners
+
+
+def _as_dict(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    if not isinstance(values, dict):
+        _fail(name, values, f"must be a mapping of {cls.__name__} fields")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        _fail(f"{name}.{unknown[0]}", values[unknown[0]],
+              f"unknown key; known keys of {name}: {', '.join(sorted(known))}")
+    return cls(**values)

@@ -1,0 +1,101 @@
+"""Balance and calibration sections: how the global batch is split, and rebalanced online."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetero_strategy.config.errors import _check_positive_list, _fail
+
+__all__ = ["BalanceConfig", "CalibrationConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class BalanceConfig:
+    """How the global batch is split across ranks (DESIGN.md semantics 1-4)."""
+
+    batch_sizes: list[int] | None = None
+    """Explicit per-rank batch sizes; their sum must equal dataloader batch_size x world_size."""
+    capacities: list[float] | None = None
+    """Relative per-rank capacities; batch shares are proportional to them."""
+    alpha: float = 0.7
+    """Weight of measured compute speed in capacity = alpha*compute + beta*bandwidth."""
+    beta: float = 0.3
+    """Weight of measured link bandwidth in the capacity model."""
+    max_batch_sizes: list[int] | None = None
+    """Optional per-rank memory cap on the batch size (samples)."""
+    probe_steps: int = 5
+    """Timed forward+backward passes per rank for the automatic probe (when neither batch_sizes
+    nor capacities are given)."""
+    seed: int | None = None
+    """Shuffle seed of the training sampler; None takes PL_GLOBAL_SEED (as Lightning does) or 0."""
+    profile: str | None = None
+    """A cluster-profile JSON (``hetero-strategy profile --json``): its per-rank link bandwidth is
+    the beta term of the capacity model; compute is still probed on the real model."""
+
+    def __post_init__(self) -> None:
+        _check_positive_list("batch_sizes", self.batch_sizes, integer=True)
+        _check_positive_list("capacities", self.capacities, integer=False)
+        _check_positive_list("max_batch_sizes", self.max_batch_sizes, integer=True)
+        if self.batch_sizes is not None and self.capacities is not None:
+            _fail("capacities", self.capacities, "give either batch_sizes or capacities, not both")
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                _fail(name, v, "must lie in [0, 1] (defaults alpha=0.7, beta=0.3)")
+        if self.alpha == 0 and self.beta == 0:
+            _fail("alpha", self.alpha, "alpha and beta cannot both be 0; use the defaults 0.7 and 0.3")
+        if isinstance(self.probe_steps, bool) or not isinstance(self.probe_steps, int) or self.probe_steps < 1:
+            _fail("probe_steps", self.probe_steps, "must be an integer >= 1")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            _fail("seed", self.seed, "must be an integer or None")
+        if self.profile is not None and not Path(self.profile).is_file():
+            _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
+
+    def check_world_size(self, world_size: int, global_batch: int | None = None) -> None:
+        """Refuse per-rank lists that do not match the job (called once the world size is known)."""
+        for name in ("batch_sizes", "capacities", "max_batch_sizes"):
+            values = getattr(self, name)
+            if values is not None and len(values) != world_size:
+                _fail(name, values, f"has {len(values)} entries but the job has {world_size} ranks; "
+                      f"give exactly {world_size} entries")
+        if global_batch is None:
+            return
+        if global_batch < world_size:
+            _fail("batch_size", global_batch // max(world_size, 1),
+                  f"the global batch {global_batch} is smaller than the world size {world_size}; "
+                  "every rank needs at least one sample")
+        if self.batch_sizes is not None and sum(self.batch_sizes) != global_batch:
+            _fail("batch_sizes", self.batch_sizes,
+                  f"they sum to {sum(self.batch_sizes)} but dataloader batch_size x world_size = "
+                  f"{global_batch}; make them sum to {global_batch}")
+        if self.max_batch_sizes is not None and sum(self.max_batch_sizes) < global_batch:
+            _fail("max_batch_sizes", self.max_batch_sizes,
+                  f"they allow only {sum(self.max_batch_sizes)} samples per step but the global "
+                  f"batch is {global_batch}; raise the caps or lower the batch size")
+
+
+@dataclass(kw_only=True, slots=True)
+class CalibrationConfig:
+    """Online rebalancing of batch shares (DESIGN.md semantics 5)."""
+
+    calibrate: bool = False
+    """Move batch shares toward equal per-rank finishing times while training."""
+    cold_start_steps: int = 10
+    """Steps run on the static plan before any timing is trusted."""
+    recalibrate_every: int = 50
+    """Steps between two rebalancing decisions."""
+    window: int = 50
+    """Number of recent steps whose timings a decision uses (20-100)."""
+    max_change: float = 0.15
+    """Largest relative change of one rank's share in one decision."""
+
+    def __post_init__(self) -> None:
+        for name in ("cold_start_steps", "recalibrate_every", "window"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "cold_start_steps" else 1):
+                _fail(name, v, "must be a positive integer")
+        if not 20 <= self.window <= 100:
+            _fail("window", self.window, "use a window of 20 to 100 steps")
+        if not 0.0 < self.max_change <= 1.0:
+            _fail("max_change", self.max_change, "must lie in (0, 1]; the default is 0.15")
