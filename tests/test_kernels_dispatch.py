@@ -24,8 +24,15 @@ from hetero_strategy.triton_kernels import topk_select as ts_mod
 def _clean_choice(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     dispatch.set_backend(None)
+    dispatch.reload_env()
     yield
     dispatch.set_backend(None)
+    dispatch.reload_env()
+
+
+def _setenv(monkeypatch, value: str) -> None:
+    monkeypatch.setenv(dispatch.ENV_VAR, value)
+    dispatch.reload_env()  # read once per process otherwise
 
 
 @pytest.fixture
@@ -65,7 +72,7 @@ def test_cpu_tensors_use_torch_by_default(triton_calls):
 def test_forcing_triton_under_the_interpreter_runs_the_kernels(how, monkeypatch, triton_calls):
     expected = _pipeline(backend="torch")
     if how == "env":
-        monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+        _setenv(monkeypatch, "triton")
     elif how == "setter":
         dispatch.set_backend("triton")
     got = _pipeline(backend="triton" if how == "argument" else None)
@@ -88,7 +95,7 @@ def test_interpreted_kernels_are_safe_from_several_threads():
 
 def test_argument_beats_setter_beats_env_and_auto_defers(monkeypatch):
     t = torch.zeros(2)
-    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    _setenv(monkeypatch, "triton")
     assert dispatch.backend_for(t) == "triton"
     assert dispatch.backend_for(t, backend="auto") == "triton"  # an "auto" argument defers to the env
     dispatch.set_backend("torch")
@@ -96,8 +103,17 @@ def test_argument_beats_setter_beats_env_and_auto_defers(monkeypatch):
     assert dispatch.backend_for(t, backend="triton") == "triton"
     dispatch.set_backend("auto")  # defers to the env as well
     assert dispatch.backend_for(t, backend="auto") == "triton"
-    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    _setenv(monkeypatch, "auto")
     assert dispatch.backend_for(t, backend="auto") == "torch"  # all auto: CPU tensor -> torch
+
+
+def test_the_environment_is_read_once(monkeypatch):
+    t = torch.zeros(2)
+    assert dispatch.backend_for(t) == "torch"
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")  # a change after the first call is not seen ...
+    assert dispatch.backend_for(t) == "torch"
+    dispatch.reload_env()  # ... until it is read again
+    assert dispatch.backend_for(t) == "triton"
 
 
 def test_forced_triton_on_cpu_without_interpreter_is_refused(monkeypatch):
@@ -109,7 +125,7 @@ def test_forced_triton_on_cpu_without_interpreter_is_refused(monkeypatch):
 def test_bad_backend_names_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="set_backend"):
         dispatch.set_backend("cuda")
-    monkeypatch.setenv(dispatch.ENV_VAR, "fast")
+    _setenv(monkeypatch, "fast")
     with pytest.raises(ValueError, match="HETERO_KERNELS: 'fast'.*auto, torch, triton"):
         dispatch.backend_for(torch.zeros(2))
 

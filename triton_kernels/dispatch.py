@@ -4,7 +4,8 @@ Choice per call, first match wins:
 
 1. the ``backend=`` argument of the call, if ``"torch"`` or ``"triton"``;
 2. :func:`set_backend` (a config can force a backend process-wide; ``None`` clears it);
-3. the environment variable ``HETERO_KERNELS`` (``auto|torch|triton``);
+3. the environment variable ``HETERO_KERNELS`` (``auto|torch|triton``), read once, at the first
+   call (:func:`reload_env` reads it again);
 4. ``"auto"``: Triton for CUDA tensors when Triton imports, the torch reference otherwise.
 
 An ``"auto"`` (or ``None``) at any level means "no preference here" and defers to the next one,
@@ -38,7 +39,17 @@ from functools import lru_cache
 
 from torch import Tensor
 
-__all__ = ["BACKENDS", "backend_for", "ef_accumulate", "get_backend", "scatter_add", "set_backend", "topk_select"]
+__all__ = [
+    "BACKENDS",
+    "backend_for",
+    "ef_accumulate",
+    "get_backend",
+    "reload_env",
+    "scatter_add",
+    "set_backend",
+    "topk_select",
+    "topk_select_segments",
+]
 
 BACKENDS = ("auto", "torch", "triton")
 ENV_VAR = "HETERO_KERNELS"
@@ -58,11 +69,23 @@ def set_backend(name: str | None) -> None:
     _override = None if name is None else _validate(name, "set_backend(name)")
 
 
+@lru_cache(maxsize=1)
+def _env_choice() -> str:
+    # NOTE: cached: the hooks ask for every bucket of every step, and the environment of a
+    # running job does not change
+    return _validate(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
+
+
+def reload_env() -> None:
+    """Read ``HETERO_KERNELS`` again at the next call (it is read once otherwise)."""
+    _env_choice.cache_clear()
+
+
 def get_backend() -> str:
     """The process-wide choice before per-tensor resolution: set_backend, else HETERO_KERNELS, else auto."""
     if _override is not None and _override != "auto":
         return _override
-    return _validate(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
+    return _env_choice()
 
 
 @lru_cache(maxsize=1)
@@ -98,12 +121,19 @@ def backend_for(t: Tensor, backend: str | None = None) -> str:
     return "triton"
 
 
-def ef_accumulate(grad: Tensor, residual: Tensor | None, gamma: float, *, backend: str | None = None) -> Tensor:
-    """(n,) fp32 ``gamma * residual + grad`` (``residual=None`` means zeros); see :mod:`.ef_accumulate`."""
+def ef_accumulate(grad: Tensor, residual: Tensor | None, gamma: float, *, backend: str | None = None,
+                  inplace: bool = False) -> Tensor:
+    """(n,) fp32 ``gamma * residual + grad`` (``residual=None`` means zeros); see :mod:`.ef_accumulate`.
+
+    ``inplace=True`` lets the torch path write into an fp32 ``grad`` (no new bucket-sized tensor);
+    the result is then ``grad`` itself. Triton always writes a new tensor.
+    """
     from . import ef_accumulate as op
 
     if backend_for(grad, backend) == "triton":
         return op.ef_accumulate(grad, residual, gamma)
+    if inplace and residual is not None and grad.dtype == residual.dtype:
+        return grad.add_(residual, alpha=gamma)
     return op.ef_accumulate_torch(grad, residual, gamma)
 
 
@@ -126,6 +156,22 @@ def topk_select(
     if backend_for(acc, backend) == "triton":
         return op.topk_select(acc, k, capacity)
     return op.topk_select_torch(acc, k, capacity)
+
+
+def topk_select_segments(
+    acc: Tensor, offsets: list[int], sizes: list[int], ks: list[int], caps: list[int], *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """Top-k of every segment of a bucket; sent entries of ``acc`` set to 0 in place.
+
+    Returns ``(values, indices)``: fp32 and int32 (sum caps,), segment after segment, each in
+    ascending index order and padded with value 0 at the segment's first index; indices are
+    relative to ``acc``. Same selection rule as :func:`topk_select`; see :mod:`.segments`.
+    """
+    from . import segments as op
+
+    if backend_for(acc, backend) == "triton":
+        return op.topk_select_segments(acc, offsets, sizes, ks, caps)
+    return op.topk_select_segments_torch(acc, offsets, sizes, ks, caps)
 
 
 def scatter_add(

@@ -5,8 +5,8 @@
 * :class:`SignCodec` — 1 bit per entry (packed 8 per byte) plus one fp32 scale (mean |x|).
 * :func:`cast_payload` — fp16/bf16 cast for a dense all-reduce.
 
-The Top-K inner loops go through ``hetero_strategy.triton_kernels.dispatch`` when it is installed
-(Triton on GPU, torch elsewhere); the torch code below is the fallback and the reference.
+Selection, error feedback and scatter-add go through ``hetero_strategy.triton_kernels.dispatch``
+only (Triton on GPU, its torch path elsewhere): one implementation of each, one tie rule.
 
 Example::
 
@@ -18,114 +18,24 @@ Example::
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import torch
 
-try:  # NOTE: written in parallel by the kernels work; the torch fallback keeps us working without it
-    from hetero_strategy.triton_kernels import dispatch as _dispatch
-except ImportError:  # pragma: no cover - depends on the install
-    _dispatch = None
+from hetero_strategy.triton_kernels import dispatch
 
 __all__ = ["SignCodec", "TopKCodec", "cast_payload", "ef_accumulate", "ef_accumulate_"]
-
-
-def _use_dispatch(backend: str, name: str, tensor: torch.Tensor | None = None) -> bool:
-    """Whether ``name`` runs through the kernels' dispatcher: only where it would pick Triton.
-
-    On other tensors (CPU, or CUDA without Triton) the in-place torch code below is used: it does
-    fewer passes than the dispatcher's reference, which is written for clarity.
-    """
-    if backend == "torch":
-        return False
-    available = _dispatch is not None and hasattr(_dispatch, name)
-    if not available:
-        if backend == "triton":
-            raise RuntimeError(f"compression_backend='triton' is invalid here: hetero_strategy.triton_kernels."
-                               f"dispatch.{name} is not installed; use compression_backend='auto' or 'torch'")
-        return False
-    return tensor is None or _dispatch.backend_for(tensor, backend) == "triton"
 
 
 def ef_accumulate(grad: torch.Tensor, residual: torch.Tensor | None, gamma: float,
                   backend: str = "auto") -> torch.Tensor:
     """acc = grad + gamma * residual in fp32 (a new tensor; ``grad`` is not modified)."""
-    if residual is None:
-        return grad.to(torch.float32, copy=True)
-    if _use_dispatch(backend, "ef_accumulate", grad):
-        return _dispatch.ef_accumulate(grad, residual, gamma, backend=backend)
-    return torch.add(grad.to(torch.float32), residual, alpha=gamma)
+    return dispatch.ef_accumulate(grad, residual, gamma, backend=backend)
 
 
 def ef_accumulate_(buf: torch.Tensor, residual: torch.Tensor, gamma: float, backend: str = "auto") -> torch.Tensor:
     """acc = buf + gamma * residual, written into ``buf`` when it is fp32 (no new (n,) tensor)."""
-    if buf.dtype != torch.float32 or _use_dispatch(backend, "ef_accumulate", buf):
-        return ef_accumulate(buf, residual, gamma, backend)
-    return buf.add_(residual, alpha=gamma)
-
-
-_SAMPLER = torch.Generator()
-
-
-def _threshold_indices(mag: torch.Tensor, k: int) -> torch.Tensor:
-    """Ascending indices of the k largest entries of ``mag`` (CPU; ~1 pass for small k/n).
-
-    A random sample gives a threshold a little below the k-th largest value; the exact top-k is
-    then taken among the few candidates above it. If the sample overshoots (fewer than k
-    candidates) the exact k-th value is used instead.
-    """
-    n = mag.numel()
-    if n > (1 << 16) and k * 20 < n:
-        # NOTE: a random (fixed-seed, so reruns select alike) sample, not a strided one: a stride
-        # that is a multiple of the kernel size samples one kernel position only (e.g. ResNet's
-        # layer4 at 32x32 input, where 8 of 9 positions have exactly zero gradient)
-        picks = torch.randint(n, (8192,), generator=_SAMPLER.manual_seed(n))  # (8192,) int64
-        sample = mag[picks]  # (8192,)
-        want = min(sample.numel(), max(2, math.ceil(2 * k * sample.numel() / n)))  # 2x margin
-        threshold = torch.topk(sample, want, sorted=False).values.min()
-        cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k usually,) ascending
-        if cand.numel() >= k:
-            return _ties_to_lower_index(cand, mag[cand], k)
-    threshold = mag.kthvalue(n - k + 1).values  # k-th largest magnitude
-    cand = (mag >= threshold).nonzero().squeeze(1)  # (>=k,) ascending
-    # NOTE: not cand[:k]: that would drop entries above the threshold for tied ones at lower indices
-    return _ties_to_lower_index(cand, mag[cand], k)
-
-
-def _ties_to_lower_index(cand: torch.Tensor, mag: torch.Tensor, k: int) -> torch.Tensor:
-    """The k of ``cand`` (ascending indices) with the largest ``mag``, ties at the k-th value to the
-    lower index: the kernels' rule, so CPU and GPU runs select the same entries."""
-    kth = torch.topk(mag, k, sorted=False).values.min()
-    above = mag > kth  # (c,)
-    tied = (mag == kth).nonzero().squeeze(1)[: k - int(above.sum())]  # lowest indices first
-    keep = above.clone()
-    keep[tied] = True
-    return cand[keep]
-
-
-def _topk_select_torch_(acc: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values (capacity,), indices (capacity,) int32); the sent entries of ``acc`` are zeroed in place.
-
-    Exactly k entries of largest |acc|. On CPU a sampled threshold + nonzero is several times
-    faster than torch.topk over the whole tensor.
-    """
-    values = torch.zeros(capacity, dtype=torch.float32, device=acc.device)
-    indices = torch.zeros(capacity, dtype=torch.int32, device=acc.device)
-    if k == 0:
-        return values, indices
-    mag = acc.abs()  # (n,)
-    if acc.is_cuda or k == acc.numel():
-        idx = torch.topk(mag, k, sorted=False).indices.sort().values  # (k,) int64
-    else:
-        # NOTE: NaN compares false, so a non-finite acc may select fewer than k; the hook marks
-        # such a bucket non-finite anyway (see compressed.py)
-        idx = _threshold_indices(mag, k)  # (<=k,) int64, ascending
-    m = idx.numel()
-    values[:m] = acc[idx]
-    indices[:m] = idx.to(torch.int32)
-    acc[idx] = 0.0
-    return values, indices
+    return dispatch.ef_accumulate(buf, residual, gamma, backend=backend, inplace=True)
 
 
 class TopKCodec:
@@ -138,13 +48,14 @@ class TopKCodec:
     @staticmethod
     def select_(acc: torch.Tensor, k: int, capacity: int, backend: str = "auto"):
         """(values (capacity,) fp32, indices (capacity,) int32); zeroes the k sent entries of acc in place."""
-        assert acc.dtype == torch.float32 and acc.dim() == 1, "acc must be a flat fp32 tensor"
-        assert 0 <= k <= min(capacity, acc.numel()), f"need 0 <= k={k} <= capacity={capacity}, numel"
-        if _use_dispatch(backend, "topk_select", acc):
-            values, indices, _count, residual = _dispatch.topk_select(acc, k, capacity, backend=backend)
-            acc.copy_(residual)
-            return values, indices
-        return _topk_select_torch_(acc, k, capacity)
+        return TopKCodec.select_segments_(acc, [0], [acc.numel()], [k], [capacity], backend)
+
+    @staticmethod
+    def select_segments_(acc: torch.Tensor, offsets: list[int], sizes: list[int], ks: list[int],
+                         caps: list[int], backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """Per segment (parameter) of a bucket: its ks[s] largest entries in caps[s] slots, in one
+        pass over the bucket; values (sum caps,) fp32, bucket-relative indices (sum caps,) int32."""
+        return dispatch.topk_select_segments(acc, offsets, sizes, ks, caps, backend=backend)
 
     @staticmethod
     def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -170,13 +81,8 @@ class TopKCodec:
         capacity = gathered.shape[1] // 2
         if out is None:
             out = torch.zeros(numel, dtype=torch.float32, device=gathered.device)
-        if _use_dispatch(backend, "scatter_add", out):  # same contract: row by row, deterministic
-            indices = gathered[:, capacity:].contiguous().view(torch.int32)  # (R, capacity)
-            return _dispatch.scatter_add(out, gathered[:, :capacity].contiguous(), indices, backend=backend)
-        for row in gathered:  # (2*capacity,) per rank
-            idx = row[capacity:].contiguous().view(torch.int32).long()  # (capacity,)
-            out.index_add_(0, idx, row[:capacity])
-        return out
+        indices = gathered[:, capacity:].contiguous().view(torch.int32)  # (R, capacity)
+        return dispatch.scatter_add(out, gathered[:, :capacity].contiguous(), indices, backend=backend)
 
 
 @lru_cache(maxsize=256)

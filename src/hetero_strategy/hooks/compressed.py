@@ -269,24 +269,27 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
     marker = nonfinite_marker(acc)
     # acc becomes what stays in the residual: sent entries are zeroed in place below
-    dense_parts, values, indices, offset, sent_entries = [], [], [], 0, 0
-    for n, is_sparse, k, cap in zip(sizes, sparse, ks, caps):
-        seg = acc[offset:offset + n]
-        if is_sparse and k == 0:  # skipping: padding only, everything stays in the residual
-            values.append(torch.zeros(cap, dtype=torch.float32, device=acc.device))
-            indices.append(torch.full((cap,), offset, dtype=torch.int32, device=acc.device))
-        elif is_sparse:
-            v, i = TopKCodec.select_(seg, k, cap, state.config.compression_backend)
-            values.append(v)
-            indices.append(i.add_(offset))  # bucket-relative; padding points at this segment's start
-        elif k > 0:
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
+    values, indices = [], []
+    if picked:  # every sparse parameter of the bucket in one selection (k = 0: padding only)
+        v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
+                                          [ks[j] for j in picked], [caps[j] for j in picked],
+                                          state.config.compression_backend)
+        values, indices = [v], [i]
+    dense_parts, sent_entries = [], sum(ks[j] for j in picked)
+    for j, is_sparse in enumerate(sparse):
+        if is_sparse:
+            continue
+        seg = acc[offsets[j]:offsets[j] + sizes[j]]
+        if ks[j] > 0:  # a parameter that went dense sends all of its entries
             dense_parts.append(seg.clone())
             seg.zero_()
-            k = n  # a parameter that went dense sends all of its entries
+            sent_entries += sizes[j]
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
-        sent_entries += k
-        offset += n
     # never store a non-finite step (one pass, written in place)
     torch.where(torch.isnan(marker), residual, acc, out=residual)
     return exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
