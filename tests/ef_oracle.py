@@ -39,8 +39,10 @@ def top_k(acc: torch.Tensor, k: int) -> torch.Tensor:
 class TieredEF:
     """Members' residuals and the per-step reduction. ``cfg`` keys: base, floor, warmup, period, sync_every."""
 
-    def __init__(self, tiers: list[str], cfg: dict) -> None:
-        self.tiers, self.cfg = tiers, cfg
+    def __init__(self, tiers: list[str], cfg: dict, whole: dict[int, set[int]] | None = None) -> None:
+        # whole[step]: parameters every member sends in full at that compressed step (the link is
+        # fast enough that compressing them does not pay), skipping or not
+        self.tiers, self.cfg, self.whole = tiers, cfg, whole or {}
         self.residuals: list[dict[int, torch.Tensor]] = [{} for _ in tiers]
         self.sent_entries: list[int] = [0] * len(tiers)
 
@@ -66,12 +68,13 @@ class TieredEF:
                 factor, every, _ = TIER_TABLE[tier]
                 skip = factor is not None and (step - c["warmup"]) % every != 0
                 ds.append(0.0 if skip else density(step, factor, c["base"], c["floor"], c["warmup"], c["period"]))
-            sparse = mode == "compressed" and k_for(n, max(ds)) * w < n
+            whole = mode == "compressed" and p in self.whole.get(step, set())
+            sparse = mode == "compressed" and k_for(n, max(ds)) * w < n and not whole
             total = torch.zeros_like(grads[0][p])
             for m, tier in enumerate(self.tiers):
                 res = self.residuals[m].get(p, torch.zeros_like(grads[m][p]))
                 acc = grads[m][p].add(res, alpha=TIER_TABLE[tier][2])
-                k = n if mode == "dense" else k_for(n, ds[m])
+                k = n if mode == "dense" or whole else k_for(n, ds[m])
                 if sparse:
                     sent = top_k(acc.flatten(), k).view_as(acc)
                 elif k > 0:

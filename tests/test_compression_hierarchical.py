@@ -36,11 +36,11 @@ def _grads(step: int, rank: int) -> list[torch.Tensor]:
 def _worker(rank: int, world: int) -> None:
     init_gloo(rank, world)
     dense = DDP(HandGrad())
-    dense_state = CompressedState(method="topk", base_density=1.0, min_density=1.0, dense_warmup_steps=1,
+    dense_state = CompressedState(method="topk", dense_fallback=False, base_density=1.0, min_density=1.0, dense_warmup_steps=1,
                                   hierarchical=True, fast_groups=GROUPS)
     dense.register_comm_hook(dense_state, topk_hook)
     sparse = DDP(HandGrad())
-    state = CompressedState(method="topk", base_density=0.05, min_density=0.05, density_schedule="constant",
+    state = CompressedState(method="topk", dense_fallback=False, base_density=0.05, min_density=0.05, density_schedule="constant",
                             dense_warmup_steps=1, dense_sync_every=0, ef_gamma=0.9, hierarchical=True,
                             fast_groups=GROUPS)
     sparse.register_comm_hook(state, topk_hook)

@@ -74,7 +74,7 @@ def _ef_worker(rank: int, world: int) -> None:
     tiers = ["ib", "eth1g"]  # densities 0.5*0.1 and 0.1*0.1 of base 0.1; eth1g exchanges every 5
     gammas, factors, every = {"ib": 0.9, "eth1g": 0.98}, {"ib": 0.5, "eth1g": 0.1}, {"ib": 1, "eth1g": 5}
     model = DDP(HandGrad(), bucket_cap_mb=200 * 4 / 2**20)  # ~one parameter per bucket
-    state = CompressedState(method="tiered", tiers=tiers, base_density=0.1, min_density=0.001,
+    state = CompressedState(method="tiered", tiers=tiers, dense_fallback=False, base_density=0.1, min_density=0.001,
                             density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0)
     layouts = []
 
@@ -163,7 +163,7 @@ def _dense_equal(rank: int, world: int, method: str) -> None:
         state = PowerSGDBaselineState(rank=2, start_iter=10)
         model.register_comm_hook(state, powersgd_weighted_hook)
     elif method == "topk":
-        state = CompressedState(method="topk", base_density=1.0, min_density=1.0, dense_warmup_steps=1,
+        state = CompressedState(method="topk", dense_fallback=False, base_density=1.0, min_density=1.0, dense_warmup_steps=1,
                                 dense_sync_every=0)
         model.register_comm_hook(state, topk_hook)
     else:
@@ -222,7 +222,7 @@ def _fresh(seed_state: dict | None = None) -> tuple[DDP, CompressedState, torch.
     if seed_state is not None:
         net.load_state_dict(seed_state["model"])
     model = DDP(net, bucket_cap_mb=0.0005)
-    state = CompressedState(method="topk", base_density=0.3, min_density=0.01, density_schedule="cosine",
+    state = CompressedState(method="topk", dense_fallback=False, base_density=0.3, min_density=0.01, density_schedule="cosine",
                             density_period=6, ef_gamma=0.9, dense_warmup_steps=1, dense_sync_every=5,
                             clip_norm=0.5)
     model.register_comm_hook(state, topk_hook)

@@ -17,9 +17,10 @@ def _fit(rank: int, world_size: int) -> dict:
     out = {}
     for name, extra in {
         "density_one": dict(compression="topk", base_density=1.0, min_density=1.0, dense_warmup_steps=1),
-        "sparse": dict(compression="tiered", tiers=["ib", "eth1g"], base_density=0.5, min_density=0.1,
-                       dense_warmup_steps=1),
-        "by_epochs": dict(compression="topk", base_density=0.5, min_density=0.1, dense_warmup_steps=1),
+        "sparse": dict(compression="tiered", dense_fallback=False, tiers=["ib", "eth1g"], base_density=0.5,
+                       min_density=0.1, dense_warmup_steps=1),
+        "by_epochs": dict(compression="topk", dense_fallback=False, base_density=0.5, min_density=0.1,
+                          dense_warmup_steps=1),
     }.items():
         model = Regressor()
         strategy = HeteroStrategy(batch_sizes=[3, 13], **extra)
@@ -42,7 +43,11 @@ def test_hetero_strategy_with_compression() -> None:
     for r in ranks:
         assert r["sparse"]["step"] == 5 and r["sparse"]["bytes"] > 0
         assert r["sparse"]["tiers"] == ["ib", "eth1g"]
-        assert set(r["sparse"]["metrics"]) == {"comm/bytes_sent", "comm/bytes_received", "comm/density"}
+        assert set(r["sparse"]["metrics"]) == {"comm/bytes_sent", "comm/bytes_received", "comm/density",
+                                               "comm/dense_fallback"}
+        assert r["sparse"]["metrics"]["comm/dense_fallback"] == 0.0  # dense_fallback=False
+        # density 1 with the default dense_fallback on loopback: every entry sent whole, and said so
+        assert r["density_one"]["metrics"]["comm/dense_fallback"] == 1.0
     for a, b in zip(ranks[0]["sparse"]["weights"], ranks[1]["sparse"]["weights"]):
         assert torch.equal(a, b), "ranks must hold identical weights"
     assert any(v.abs().sum() > 0 for v in ranks[1]["sparse"]["residuals"].values())

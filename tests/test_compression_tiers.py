@@ -29,8 +29,8 @@ TRITON_PAIRS = [("ib", "eth10g"), ("nvlink", "eth1g"), ("eth1g", "eth1g")]
 def _config(tiers: list[str], hierarchical: bool, backend: str = "torch"):
     from hetero_strategy.config import CompressionConfig
 
-    return CompressionConfig(method="tiered", tiers=tiers, base_density=CFG["base"], min_density=CFG["floor"],
-                             dense_warmup_steps=CFG["warmup"], density_period=CFG["period"],
+    return CompressionConfig(method="tiered", tiers=tiers, dense_fallback=False, base_density=CFG["base"],
+                             min_density=CFG["floor"], dense_warmup_steps=CFG["warmup"], density_period=CFG["period"],
                              dense_sync_every=CFG["sync_every"], hierarchical=hierarchical,
                              fast_groups=[[0, 1], [2, 3]] if hierarchical else None, compression_backend=backend)
 
@@ -47,9 +47,11 @@ def _train(rank: int, world: int, runs: list[tuple], sizes: list[int]) -> list[d
     x, y = make_data(sum(sizes) * STEPS).tensors
     start, g = sum(sizes[:rank]), sum(sizes)
     out = []
-    for tiers, hierarchical, *backend in runs:
+    for tiers, hierarchical, *extra in runs:
+        backend, cost = (extra[0] if extra else "torch"), (extra[1] if len(extra) > 1 else None)
         ddp = DistributedDataParallel(make_net())
-        state = CompressedState(_config(tiers, hierarchical, *backend))
+        state = CompressedState(_config(tiers, hierarchical, backend))
+        state.cost = cost  # a hand-built link/codec measurement (dense_fallback), or None
         state.set_local_batch(sizes[rank], g)
         ddp.register_comm_hook(state, topk_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -59,16 +61,16 @@ def _train(rank: int, world: int, runs: list[tuple], sizes: list[int]) -> list[d
             nn.functional.mse_loss(ddp(x[idx]).squeeze(1), y[idx]).backward()
             opt.step()
             opt.zero_grad()
-            stats.append((state.density, state.last_bytes_sent))
+            stats.append((state.density, state.last_bytes_sent, state.dense_fallback))
         out.append({"weights": [p.detach().clone() for p in ddp.parameters()], "stats": stats})
     return out
 
 
-def _oracle(members: list[str], sizes: list[int], groups: list[list[int]]):
+def _oracle(members: list[str], sizes: list[int], groups: list[list[int]], whole=None):
     """One process: per-rank gradients of their slices, weighted, summed per member, then TieredEF."""
     net = make_net()
     x, y = make_data(sum(sizes) * STEPS).tensors
-    sim, g = TieredEF(members, CFG), sum(sizes)
+    sim, g = TieredEF(members, CFG, whole), sum(sizes)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for s in range(STEPS):
         per_rank = []
@@ -107,12 +109,12 @@ def test_density_and_bytes_match_a_hand_count(flat):
     # The first three go sparse (2 ranks x cap < n): one all-gather of 14 values + 14 indices + the
     # marker = 29 x 4 B, and (W - 1) = 1 copy of it is sent; the 1-entry bias goes dense: an all-reduce
     # of 4 B, 2 (W - 1) / W x 4 = 4 B sent. Entries sent: 10 + 2 + 2 + 1 = 15 of 57.
-    density, sent = flat[0][PAIRS.index(("ib", "ib"))]["stats"][1]
+    density, sent, _ = flat[0][PAIRS.index(("ib", "ib"))]["stats"][1]
     assert sent == 29 * 4 + 4 and density == pytest.approx(15 / 57)
     # (nvlink, eth1g), step 1: the dense tier makes every parameter dense for both ranks, so both
     # send all 57 entries (+ the marker) in one all-reduce: 2 (W - 1) / W x 58 x 4 B.
     for rank in range(2):
-        density, sent = flat[rank][PAIRS.index(("nvlink", "eth1g"))]["stats"][1]
+        density, sent, _ = flat[rank][PAIRS.index(("nvlink", "eth1g"))]["stats"][1]
         assert density == 1.0 and sent == 58 * 4
 
 
@@ -136,3 +138,28 @@ def test_hierarchical_nvlink_nodes_on_a_slow_link_equal_the_simulation():
         for a, want in zip(out[rank][0]["weights"], net.parameters()):
             torch.testing.assert_close(a, want.detach(), rtol=1e-5, atol=1e-6)
     assert any(r.abs().sum() > 0 for res in sim.residuals for r in res.values())
+
+
+def test_parameters_that_do_not_pay_go_whole_and_the_rest_equal_the_simulation():
+    # Hand-built measurement: dense costs 1 s per entry (4 B at 4 B/s); the codec 0.5 s per entry;
+    # an all-gather of cap entries from 2 ranks 2 x cap s. Top-K pays iff 0.5 n + 2 cap < n, i.e.
+    # cap < n / 4. Tiers (ib, eth1g): cap follows ib's density 0.5 x 0.5 x cosine (period 6):
+    # step 1: 0.25 -> caps 10, 2, 2, 1 for n = 40, 8, 8, 1: nothing pays (the plain all-reduce);
+    # step 2: 0.233 -> 10, 2, 2, 1: nothing; step 3: 0.1875 -> 8, 2, 2, 1: the 40-entry weight pays;
+    # step 4: 0.125 -> 5, 1, 1, 1: all but the 1-entry bias; step 5: the periodic dense sync;
+    # step 6: 0.0167 -> 1, 1, 1, 1: all but the bias.
+    from hetero_strategy.hooks.cost import CompressionCost
+
+    cost = CompressionCost(link_bytes_per_s=4.0, codec_s_per_entry=0.5)
+    whole = {1: {0, 1, 2, 3}, 2: {0, 1, 2, 3}, 3: {1, 2, 3}, 4: {3}, 6: {3}}
+    out = run_distributed(_train, 2, [(["ib", "eth1g"], False, "torch", cost)], [3, 13], timeout=240)
+    net, sim = _oracle(["ib", "eth1g"], [3, 13], [[0], [1]], whole)
+    for rank in range(2):
+        for a, want in zip(out[rank][0]["weights"], net.parameters()):
+            torch.testing.assert_close(a, want.detach(), rtol=1e-5, atol=1e-6)
+    assert any(r.abs().sum() > 0 for res in sim.residuals for r in res.values())  # something was sparse
+    stats = out[0][0]["stats"]
+    # step 1: 57 entries whole, a plain all-reduce of 57 x 4 B (no marker): 2 (W - 1) / W x 228 B
+    assert stats[1] == (1.0, 57 * 4, 1.0)
+    assert stats[3][2] == pytest.approx(17 / 57) and stats[4][2] == pytest.approx(1 / 57)
+    assert stats[5][2] == 0.0  # the dense sync is not a fallback

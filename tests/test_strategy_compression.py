@@ -11,7 +11,7 @@ import torch
 from dist_utils import run_distributed
 from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
 
-TOPK = dict(compression="topk", base_density=0.2, min_density=0.05, dense_warmup_steps=2, dense_sync_every=1000)
+TOPK = dict(compression="topk", dense_fallback=False, base_density=0.2, min_density=0.05, dense_warmup_steps=2, dense_sync_every=1000)
 
 
 def _scenarios(rank: int, world_size: int, tmp: str) -> dict:

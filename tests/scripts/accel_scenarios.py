@@ -118,7 +118,7 @@ def main() -> None:
         result["bf16"] = fit(accelerator, EXACT["shuffle_uneven_last"])
     elif group in ("ckpt_save", "ckpt_load"):
         # 48 samples: 3 steps an epoch; Top-K from step 2 on, so residuals exist when saving at step 3.
-        spec = (48, True, False, 6, 1, None, None, dict(dense_warmup_steps=2, base_density=0.1))
+        spec = (48, True, False, 6, 1, None, None, dict(dense_warmup_steps=2, base_density=0.1, dense_fallback=False))
         result["ckpt"] = fit(accelerator, spec, compression="topk", save_at=3, ckpt=ckpt,
                              load=group == "ckpt_load")
     result["logged"] = tracker.rows

@@ -50,6 +50,10 @@ class CompressionConfig:
     """Clip each rank's gradient to this global L2 norm before compression (None: no clipping)."""
     compression_backend: str = "auto"
     """Top-K kernels: auto (Triton on GPU when available, else torch), triton, or torch."""
+    dense_fallback: bool = True
+    """topk/tiered: measure the link and the codec when the hook is built, and send a parameter
+    densely where compressing it would take longer than sending it (a fast link; metric
+    comm/dense_fallback). False compresses whatever the link."""
     powersgd_rank: int = 4
     """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
     overlap_comm: bool = True
@@ -99,6 +103,8 @@ class CompressionConfig:
             _fail("clip_norm", self.clip_norm, "must be a positive number (e.g. 5.0) or None")
         if self.compression_backend not in ("auto", "triton", "torch"):
             _fail("compression_backend", self.compression_backend, "choose auto, triton or torch")
+        if not isinstance(self.dense_fallback, bool):
+            _fail("dense_fallback", self.dense_fallback, "must be true or false")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
         if not isinstance(self.overlap_comm, bool):
             _fail("overlap_comm", self.overlap_comm, "must be true or false")

@@ -11,7 +11,8 @@ from hetero_strategy.hooks.baselines import (
     cast_hook,
     powersgd_weighted_hook,
 )
-from hetero_strategy.hooks.compressed import CompressedState, onebit_hook, topk_hook
+from hetero_strategy.hooks.compressed import CompressedState
+from hetero_strategy.hooks.compressed_hooks import onebit_hook, topk_hook
 from hetero_strategy.hooks.factory import build_comm_hook
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook
 

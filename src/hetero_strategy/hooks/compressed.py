@@ -12,6 +12,11 @@ decided from the step number alone, so all ranks agree without communicating:
   exchange sends k = 0 and keeps everything in its residual;
 * ``onebit`` — signs and one scale per rank, one all-gather.
 
+With ``dense_fallback`` (the default) the state measures the link and its own codec when it is
+built (:mod:`.cost`): a parameter whose compression would take longer than sending it goes whole,
+and a bucket made only of such parameters takes the plain all-reduce (mode ``dense_fallback``,
+metric ``comm/dense_fallback``). On a fast link, asking for Top-K then costs nothing.
+
 Non-finite gradients (GradScaler overflow) are never written into a residual, and they surface:
 a bucket holding NaN/inf on any rank comes back all-NaN on every rank, so found-inf skips the step
 everywhere. Detection is a 0-d tensor riding in the payload: no host sync inside the hook.
@@ -19,12 +24,13 @@ everywhere. Detection is a 0-d tensor riding in the payload: no host sync inside
 Example::
 
     state = CompressedState(method="topk", base_density=0.01, dense_warmup_steps=10)
-    ddp_model.register_comm_hook(state, topk_hook)
+    ddp_model.register_comm_hook(state, topk_hook)   # the hooks: hooks/compressed_hooks.py
     # per step: state.set_local_batch(b_r, G); backward; state.last_bytes_sent, state.density
 """
 
 # NOTE: no `from __future__ import annotations`: DDP checks the hook's real annotation objects.
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 
@@ -33,15 +39,16 @@ import torch.distributed as dist
 
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import communicator as comm
-from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate, ef_accumulate_
-from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
-from hetero_strategy.hooks.hierarchy import build_fast_groups, hierarchical_exchange
+from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
+from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
-__all__ = ["CompressedState", "onebit_hook", "topk_hook"]
+__all__ = ["CompressedState"]
+
+log = logging.getLogger(__name__)
 
 
 class CompressedState(WeightedReduceState):
@@ -62,9 +69,10 @@ class CompressedState(WeightedReduceState):
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
-        "memory", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
+        "cost", "memory", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
+        "_acc_fallback",
         # stats
-        "density", "last_bytes_sent", "last_bytes_received", "total_bytes_sent", "total_bytes_received",
+        "density", "dense_fallback", "last_bytes_sent", "last_bytes_received", "total_bytes_sent", "total_bytes_received",
         "last_modes", "_modes",
     ]  # fmt: skip
 
@@ -103,21 +111,38 @@ class CompressedState(WeightedReduceState):
             self.tiers, self.policies = None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
         if self.hier is not None and not self.hier.is_leader:  # never compresses: its group's leader does
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
+        self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
         self.total_numel: int | None = None
         self._numel_seen = 0
         self._reset_step_stats()
         self.density = 1.0
+        self.dense_fallback = 0.0
         self.last_bytes_sent = self.last_bytes_received = 0
         self.total_bytes_sent = self.total_bytes_received = 0
         self.last_modes: dict[int, str] = {}
+
+    def _measure_cost(self, process_group: "dist.ProcessGroup | None") -> "CompressionCost | None":
+        """The link and codec measurement behind ``dense_fallback`` (collective over every rank of
+        ``process_group``, leaders or not); None when it is off or there is nothing to exchange."""
+        cfg = self.config
+        if not cfg.dense_fallback or cfg.method == "onebit" or comm.world_size(process_group) < 2:
+            return None
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+        cost = measure_compression_cost(process_group, device, cfg.compression_backend)
+        big = 1 << 24
+        if dist.get_rank() == 0 and not cost.sparse_pays(big, self.schedule.k_for(big, cfg.base_density), self.world):
+            log.warning("compression=%r does not pay on this link (%s): gradients are sent densely "
+                        "(dense_fallback=False compresses anyway)", cfg.method, cost.describe())
+        return cost
 
     def all_dense(self) -> bool:
         """Every member of the exchange is on a dense tier: a plain all-reduce, no residuals."""
         return all(p.tier_factor is None for p in self.policies)
 
     def _reset_step_stats(self) -> None:
-        self._acc_sent = self._acc_recv = self._acc_entries = self._acc_numel = 0
+        self._acc_sent = self._acc_recv = self._acc_entries = self._acc_numel = self._acc_fallback = 0
         self._modes: dict[int, str] = {}
 
     # ---- per-step decisions (identical on every rank) --------------------------------------
@@ -142,12 +167,15 @@ class CompressedState(WeightedReduceState):
         if isinstance(steps, (int, float)) and math.isfinite(steps) and steps > 0:
             self.schedule = dataclasses.replace(self.schedule, period=int(steps))
 
-    def plan(self, step: int, sizes: "list[int]") -> "tuple[list[bool], list[int], list[int]]":
-        """Per parameter of a bucket: (sparse?, this rank's k, capacity = max k over ranks).
+    def plan(self, step: int, sizes: "list[int]") -> "tuple[list[bool], list[int], list[int], list[bool]]":
+        """Per parameter of a bucket: (sparse?, this rank's k, capacity = max k over ranks,
+        sent whole because compressing it does not pay?).
 
         Decided per parameter (not per bucket) so that results do not depend on DDP's bucket
         layout, which changes after step 1 and differs again after a resume. A parameter goes
-        dense when its gathered values+indices would outweigh a ring all-reduce: cap x W >= n.
+        dense when its gathered values+indices would outweigh a ring all-reduce (cap x W >= n),
+        or, with a measured ``cost`` (``dense_fallback``), when compressing it takes longer than
+        sending it; then every rank sends it whole, skipping or not.
         """
         densities = []  # per rank; 0 for a rank skipping this step's exchange
         for p in self.policies:
@@ -155,18 +183,21 @@ class CompressedState(WeightedReduceState):
             skip = p.tier_factor is not None and (step - self.schedule.warmup_steps) % p.exchange_every != 0
             densities.append(0.0 if skip else self.schedule.density(step, p.tier_factor))
         mine_d, max_d = densities[self.rank], max(densities)
-        sparse, mine, caps = [], [], []
+        sparse, mine, caps, whole = [], [], [], []
         for n in sizes:
             cap = self.schedule.k_for(n, max_d)  # k grows with density: the largest k over ranks
-            sparse.append(cap * self.world < n)
-            mine.append(self.schedule.k_for(n, mine_d))
-            caps.append(cap if sparse[-1] else n)
-        return sparse, mine, caps
+            # NOTE: with a cost, sparse_pays implies cap x W < n (the codec only adds time)
+            pays = cap * self.world < n if self.cost is None else self.cost.sparse_pays(n, cap, self.world)
+            sparse.append(pays)
+            whole.append(not pays and self.cost is not None)
+            mine.append(n if whole[-1] else self.schedule.k_for(n, mine_d))
+            caps.append(cap if pays else n)
+        return sparse, mine, caps, whole
 
     def metrics(self) -> dict[str, float]:
         """Last step's communication, for a logger: bytes sent/received by this rank, density."""
         return {"comm/bytes_sent": float(self.last_bytes_sent), "comm/bytes_received": float(self.last_bytes_received),
-                "comm/density": float(self.density)}
+                "comm/density": float(self.density), "comm/dense_fallback": float(self.dense_fallback)}
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -214,117 +245,6 @@ class CompressedState(WeightedReduceState):
             self.total_bytes_sent += self._acc_sent
             self.total_bytes_received += self._acc_recv
             self.density = self._acc_entries / max(self._acc_numel, 1)
+            self.dense_fallback = self._acc_fallback / max(self._acc_numel, 1)
             self.last_modes = self._modes
             self._reset_step_stats()
-
-
-def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
-    """Dense weighted all-reduce in place, no residuals: warm-up steps and dense tiers."""
-    # NOTE: name the parameters now: step 0 always runs DDP's initial bucket layout, so the
-    # first-seen order (the residuals' checkpoint keys) is the same in every run of this model
-    state.memory.keys(bucket)
-    state._scale(bucket, clip=mode != "warmup")
-    buf = bucket.buffer()
-    fut, sent = comm.all_reduce(buf, state.process_group)
-    state._account(bucket, mode, sent, buf.numel())
-    return fut.then(lambda _f: buf)
-
-
-def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Sample-weighted Top-K with error feedback (methods ``topk`` and ``tiered``).
-
-    1. ``buffer *= b_r/G`` (after the optional clip); acc = buffer + gamma*residual (fp32);
-    2. per parameter: k from this rank's tier and the cosine schedule, capacity = max k over ranks;
-       parameters where sparse would cost more than dense (cap x W >= n) go dense;
-    3. one all-gather of all sparse values + int32 indices (padded to capacity), one all-reduce
-       of the dense parameters; a non-finite marker rides in one of them;
-    4. residual = acc minus what was sent; result = dense sums + all ranks' sparse entries.
-
-    Example::
-
-        state = CompressedState(method="tiered", tiers=["ib", "eth1g"])
-        ddp_model.register_comm_hook(state, topk_hook)
-    """
-    step = state.step
-    state.record_bucket(bucket)
-    mode = state.mode(step)
-    # NOTE: a dense-tier rank beside sparse ones must run the same collectives as they do
-    # (_compress: its density 1 sends every parameter densely); only an all-dense exchange may
-    # take the plain all-reduce.
-    if mode == "warmup" or (state.hier is None and state.all_dense()):
-        return _warmup(state, bucket, mode)
-    state._scale(bucket, clip=True)
-    if state.hier is not None:
-        return hierarchical_exchange(state, bucket, step, mode, _compress)
-    return _compress(state, bucket, step, mode)
-
-
-def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
-    """Steps 1-4 of :func:`topk_hook` on an already weighted bucket, over ``state.exchange_group``."""
-    buf, grads = bucket.buffer(), bucket.gradients()
-    policy = state.policies[state.rank]
-    sizes = [g.numel() for g in grads]
-    sparse, ks, caps = state.plan(step, sizes) if mode == "compressed" else ([False] * len(sizes), sizes, sizes)
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
-    acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
-    marker = nonfinite_marker(acc)
-    # acc becomes what stays in the residual: sent entries are zeroed in place below
-    offsets = [0]
-    for n in sizes[:-1]:
-        offsets.append(offsets[-1] + n)
-    picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
-    values, indices = [], []
-    if picked:  # every sparse parameter of the bucket in one selection (k = 0: padding only)
-        v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
-                                          [ks[j] for j in picked], [caps[j] for j in picked],
-                                          state.config.compression_backend)
-        values, indices = [v], [i]
-    dense_parts, sent_entries = [], sum(ks[j] for j in picked)
-    for j, is_sparse in enumerate(sparse):
-        if is_sparse:
-            continue
-        seg = acc[offsets[j]:offsets[j] + sizes[j]]
-        if ks[j] > 0:  # a parameter that went dense sends all of its entries
-            dense_parts.append(seg.clone())
-            seg.zero_()
-            sent_entries += sizes[j]
-        else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
-            dense_parts.append(torch.zeros_like(seg))
-    # never store a non-finite step (one pass, written in place)
-    torch.where(torch.isnan(marker), residual, acc, out=residual)
-    return exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
-
-
-def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Sample-weighted 1-bit sign compression with error feedback (method ``onebit``).
-
-    1. ``buffer *= b_r/G``; acc = buffer + gamma*residual;
-    2. payload = packed signs of acc + one scale (mean |acc|) per parameter; residual = acc - scale*sign;
-    3. one all-gather; result = sum over ranks of scale_r * sign_r (a NaN scale marks the bucket).
-
-    Example::
-
-        state = CompressedState(method="onebit")
-        ddp_model.register_comm_hook(state, onebit_hook)
-    """
-    step = state.step
-    state.record_bucket(bucket)
-    mode = state.mode(step)
-    # signs cost n/8 bytes per rank to gather vs ~8n/W for a ring all-reduce of fp32
-    if mode == "warmup" or state.world >= 64:
-        return _warmup(state, bucket, mode)
-    buf, grads = bucket.buffer(), bucket.gradients()
-    sizes = [g.numel() for g in grads]
-    state._scale(bucket, clip=True)
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)
-    acc = ef_accumulate(buf, residual, state.policies[state.rank].gamma, state.config.compression_backend)
-    marker = nonfinite_marker(acc)
-    if mode == "dense":  # periodic full-precision sync flushes the residual
-        residual.copy_(torch.where(torch.isnan(marker), residual, torch.zeros_like(acc)))
-        return exchange_topk(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
-    payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
-    residual.copy_(torch.where(torch.isnan(marker), residual, kept))
-    fut, gathered, sent = comm.all_gather(payload, state.exchange_group)
-    state._account(bucket, "onebit", sent, buf.numel())
-    dtype = buf.dtype
-    return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))

@@ -1,0 +1,145 @@
+"""The hooks of :class:`CompressedState`: :func:`topk_hook` (topk, tiered) and :func:`onebit_hook`.
+
+The modes a bucket takes each step, the weighting and the non-finite rule are described in
+:mod:`hetero_strategy.hooks.compressed`, beside the state that decides them.
+
+Example::
+
+    state = CompressedState(method="tiered", tiers=["ib", "eth1g"])
+    ddp_model.register_comm_hook(state, topk_hook)
+"""
+
+# NOTE: no `from __future__ import annotations`: DDP checks the hook's real annotation objects.
+import torch
+import torch.distributed as dist
+
+from hetero_strategy.hooks import communicator as comm
+from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate, ef_accumulate_
+from hetero_strategy.hooks.compressed import CompressedState
+from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
+from hetero_strategy.hooks.hierarchy import hierarchical_exchange
+
+__all__ = ["onebit_hook", "topk_hook"]
+
+
+def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch.futures.Future[torch.Tensor]:
+    """Dense weighted all-reduce in place, no residuals: warm-up steps and dense tiers."""
+    # NOTE: name the parameters now: step 0 always runs DDP's initial bucket layout, so the
+    # first-seen order (the residuals' checkpoint keys) is the same in every run of this model
+    state.memory.keys(bucket)
+    state._scale(bucket, clip=mode != "warmup")
+    buf = bucket.buffer()
+    fut, sent = comm.all_reduce(buf, state.process_group)
+    state._account(bucket, mode, sent, buf.numel())
+    return fut.then(lambda _f: buf)
+
+
+def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Sample-weighted Top-K with error feedback (methods ``topk`` and ``tiered``).
+
+    1. ``buffer *= b_r/G`` (after the optional clip); acc = buffer + gamma*residual (fp32);
+    2. per parameter: k from this rank's tier and the cosine schedule, capacity = max k over ranks;
+       parameters where sparse would cost more than dense (cap x W >= n) go dense;
+    3. one all-gather of all sparse values + int32 indices (padded to capacity), one all-reduce
+       of the dense parameters; a non-finite marker rides in one of them;
+    4. residual = acc minus what was sent; result = dense sums + all ranks' sparse entries.
+
+    Example::
+
+        state = CompressedState(method="tiered", tiers=["ib", "eth1g"])
+        ddp_model.register_comm_hook(state, topk_hook)
+    """
+    step = state.step
+    state.record_bucket(bucket)
+    mode = state.mode(step)
+    # NOTE: a dense-tier rank beside sparse ones must run the same collectives as they do
+    # (_compress: its density 1 sends every parameter densely); only an all-dense exchange may
+    # take the plain all-reduce.
+    if mode == "warmup" or (state.hier is None and state.all_dense()):
+        return _warmup(state, bucket, mode)
+    if state.hier is None and mode == "compressed" and state.cost is not None:
+        plan = state.plan(step, [g.numel() for g in bucket.gradients()])
+        # the whole bucket goes dense because compressing does not pay, and it holds no residual
+        # to flush (none is ever kept for it): the plain all-reduce, with no codec work at all
+        if all(plan[3]) and not state.memory.holds(state.memory.keys(bucket)):
+            state._acc_fallback += bucket.buffer().numel()
+            return _warmup(state, bucket, "dense_fallback")
+    state._scale(bucket, clip=True)
+    if state.hier is not None:
+        return hierarchical_exchange(state, bucket, step, mode, _compress)
+    return _compress(state, bucket, step, mode)
+
+
+def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
+    """Steps 1-4 of :func:`topk_hook` on an already weighted bucket, over ``state.exchange_group``."""
+    buf, grads = bucket.buffer(), bucket.gradients()
+    policy = state.policies[state.rank]
+    sizes = [g.numel() for g in grads]
+    if mode == "compressed":
+        sparse, ks, caps, whole = state.plan(step, sizes)
+        state._acc_fallback += sum(n for n, w in zip(sizes, whole) if w)
+    else:
+        sparse, ks, caps = [False] * len(sizes), sizes, sizes
+    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
+    acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
+    marker = nonfinite_marker(acc)
+    # acc becomes what stays in the residual: sent entries are zeroed in place below
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
+    values, indices = [], []
+    if picked:  # every sparse parameter of the bucket in one selection (k = 0: padding only)
+        v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
+                                          [ks[j] for j in picked], [caps[j] for j in picked],
+                                          state.config.compression_backend)
+        values, indices = [v], [i]
+    dense_parts, sent_entries = [], sum(ks[j] for j in picked)
+    for j, is_sparse in enumerate(sparse):
+        if is_sparse:
+            continue
+        seg = acc[offsets[j]:offsets[j] + sizes[j]]
+        if ks[j] > 0:  # a parameter that went dense sends all of its entries
+            dense_parts.append(seg.clone())
+            seg.zero_()
+            sent_entries += sizes[j]
+        else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
+            dense_parts.append(torch.zeros_like(seg))
+    # never store a non-finite step (one pass, written in place)
+    torch.where(torch.isnan(marker), residual, acc, out=residual)
+    return exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
+
+
+def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Sample-weighted 1-bit sign compression with error feedback (method ``onebit``).
+
+    1. ``buffer *= b_r/G``; acc = buffer + gamma*residual;
+    2. payload = packed signs of acc + one scale (mean |acc|) per parameter; residual = acc - scale*sign;
+    3. one all-gather; result = sum over ranks of scale_r * sign_r (a NaN scale marks the bucket).
+
+    Example::
+
+        state = CompressedState(method="onebit")
+        ddp_model.register_comm_hook(state, onebit_hook)
+    """
+    step = state.step
+    state.record_bucket(bucket)
+    mode = state.mode(step)
+    # signs cost n/8 bytes per rank to gather vs ~8n/W for a ring all-reduce of fp32
+    if mode == "warmup" or state.world >= 64:
+        return _warmup(state, bucket, mode)
+    buf, grads = bucket.buffer(), bucket.gradients()
+    sizes = [g.numel() for g in grads]
+    state._scale(bucket, clip=True)
+    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)
+    acc = ef_accumulate(buf, residual, state.policies[state.rank].gamma, state.config.compression_backend)
+    marker = nonfinite_marker(acc)
+    if mode == "dense":  # periodic full-precision sync flushes the residual
+        residual.copy_(torch.where(torch.isnan(marker), residual, torch.zeros_like(acc)))
+        return exchange_topk(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
+    payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
+    residual.copy_(torch.where(torch.isnan(marker), residual, kept))
+    fut, gathered, sent = comm.all_gather(payload, state.exchange_group)
+    state._account(bucket, "onebit", sent, buf.numel())
+    dtype = buf.dtype
+    return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))

@@ -1,0 +1,90 @@
+"""When Top-K pays: the measured link against the measured codec, per parameter.
+
+Sending a parameter of n entries densely costs a ring all-reduce, ``4n / B`` seconds at the
+measured all-reduce bandwidth B (payload bytes per second). Sending it sparse costs the codec's
+work on every entry (error feedback, selection, residual) plus the all-gather of ``cap`` values
+and indices from each of W ranks, ``4 cap W / B`` at the same bandwidth (an all-gather of p bytes
+per rank moves as much per link as an all-reduce of ``p W / 2``). Top-K pays when::
+
+    codec_s_per_entry * n + 4 * cap * W / B  <  4 * n / B
+
+On a fast link (NVLink, loopback, a fast NIC next to a slow CPU) the codec alone is slower than
+sending the entries, and the hook sends the parameter densely instead: asking for compression
+where it does not pay costs nothing. Both figures are measured once, when the hook state is built,
+and agreed over the group (the slowest rank's), so every rank takes the same decision.
+
+Example::
+
+    cost = measure_compression_cost(None, torch.device("cpu"), backend="auto")   # collective
+    cost.sparse_pays(numel=1_000_000, capacity=10_000, world=2)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
+from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
+
+__all__ = ["CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
+
+_PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
+_PROBE_DENSITY = 0.01
+
+
+@dataclass(frozen=True)
+class CompressionCost:
+    """Measured link and codec speed (identical on every rank of the group)."""
+
+    link_bytes_per_s: float
+    """Dense all-reduce bandwidth: payload bytes per second."""
+    codec_s_per_entry: float
+    """Seconds the compressing hook spends per bucket entry beyond a dense all-reduce."""
+
+    def sparse_pays(self, numel: int, capacity: int, world: int) -> bool:
+        """Whether sending ``capacity`` entries per rank beats a dense all-reduce of ``numel``."""
+        dense = 4.0 * numel / self.link_bytes_per_s
+        sparse = self.codec_s_per_entry * numel + 4.0 * capacity * world / self.link_bytes_per_s
+        return sparse < dense
+
+    def describe(self) -> str:
+        return (f"link {self.link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, codec {self.codec_s_per_entry * 1e9:.3g} ns "
+                f"per entry (dense costs {4e9 / self.link_bytes_per_s:.3g} ns per entry)")
+
+
+def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", repeats: int = 3) -> float:
+    """This rank's cost per entry of the hook's compressing work on a synthetic bucket (best of
+    ``repeats``): error-feedback add, per-parameter selection at 1%, the residual write."""
+    gen = torch.Generator().manual_seed(0)
+    grad = torch.randn(_PROBE_NUMEL, generator=gen).to(device)
+    residual = torch.zeros(_PROBE_NUMEL, device=device)
+    sizes = [_PROBE_NUMEL // 4] * 4  # a few parameters, as in a real bucket
+    offsets = [i * sizes[0] for i in range(4)]
+    ks = [max(1, int(n * _PROBE_DENSITY)) for n in sizes]
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms caches and allocations up
+        buf = grad.clone()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        acc = ef_accumulate_(buf, residual, 1.0, backend)
+        TopKCodec.select_segments_(acc, offsets, sizes, ks, ks, backend)
+        residual.copy_(acc)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+        residual.zero_()
+    return best / _PROBE_NUMEL
+
+
+def measure_compression_cost(process_group: dist.ProcessGroup | None, device: torch.device,
+                             backend: str = "auto") -> CompressionCost:
+    """Link bandwidth and codec cost, the group's slowest (collective: every rank calls it)."""
+    codec = torch.tensor([measure_codec_seconds_per_entry(device, backend)], dtype=torch.float64, device=device)
+    dist.all_reduce(codec, op=dist.ReduceOp.MAX, group=process_group)
+    gbps = measure_bandwidth_gbps(process_group)  # agreed inside (the slowest rank's time)
+    return CompressionCost(link_bytes_per_s=gbps * 1e9 / 8, codec_s_per_entry=float(codec.item()))
