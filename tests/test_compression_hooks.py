@@ -75,7 +75,9 @@ def _ef_worker(rank: int, world: int) -> None:
     gammas, factors, every = {"ib": 0.9, "eth1g": 0.98}, {"ib": 0.5, "eth1g": 0.1}, {"ib": 1, "eth1g": 5}
     model = DDP(HandGrad(), bucket_cap_mb=200 * 4 / 2**20)  # ~one parameter per bucket
     state = CompressedState(method="tiered", tiers=tiers, dense_fallback=False, base_density=0.1, min_density=0.001,
-                            density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0)
+                            density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0,
+                            tier_overrides={t: {"tier_factor": factors[t], "exchange_every": every[t],
+                                                "gamma": gammas[t]} for t in tiers})
     layouts = []
 
     def recording_hook(st, bucket):  # unannotated: this file uses postponed annotations

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 from dist_utils import init_gloo, run_distributed
-from ef_oracle import TieredEF
+from ef_oracle import OVERRIDES, TieredEF
 from oracle import make_data, make_net
 from torch import nn
 
@@ -31,7 +31,7 @@ def _config(tiers: list[str], hierarchical: bool, backend: str = "torch"):
 
     return CompressionConfig(method="tiered", tiers=tiers, dense_fallback=False, base_density=CFG["base"],
                              min_density=CFG["floor"], dense_warmup_steps=CFG["warmup"], density_period=CFG["period"],
-                             dense_sync_every=CFG["sync_every"], hierarchical=hierarchical,
+                             dense_sync_every=CFG["sync_every"], hierarchical=hierarchical, tier_overrides=OVERRIDES,
                              fast_groups=[[0, 1], [2, 3]] if hierarchical else None, compression_backend=backend)
 
 

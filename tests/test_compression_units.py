@@ -115,7 +115,8 @@ def test_memory_keeps_residuals_per_parameter_across_layouts() -> None:
 def test_tiers_from_bandwidth_env_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tier_from_bandwidth(0.1) == "eth1g" and tier_from_bandwidth(8) == "eth10g"
     assert tier_from_bandwidth(150) == "ib" and tier_from_bandwidth(900) == "nvlink"
-    assert tier_policy("eth1g").exchange_every == 5 and tier_policy("nvlink").tier_factor is None
+    assert tier_policy("eth1g").exchange_every == 1 and tier_policy("nvlink").tier_factor is None
+    assert tier_policy("eth1g", {"eth1g": {"exchange_every": 5}}).exchange_every == 5
     assert tier_policy("ib", {"ib": {"gamma": 0.5}}).gamma == 0.5
     monkeypatch.setenv("HETERO_TIER", "eth10g")
     assert resolve_tier(None) == "eth10g" and resolve_tier("ib") == "ib"
@@ -200,7 +201,7 @@ def test_tier_from_a_cluster_profile(tmp_path, monkeypatch: pytest.MonkeyPatch) 
     rank0 = {"rank": 0, "compute_score": 1.0, "bandwidth_gbit_s": 0.1, "tier": "eth1g"}
     path.write_text(json.dumps({"schema": SCHEMA, "ranks": [rank0]}))
     state = CompressedState(method="tiered", tier_profile=str(path))
-    assert state.tiers == ["eth1g"] and state.policies[0].exchange_every == 5
+    assert state.tiers == ["eth1g"] and state.policies[0] == tier_policy("eth1g")
     path.write_text(json.dumps({"schema": SCHEMA, "ranks": [rank0, {**rank0, "rank": 1}]}))
     with pytest.raises(ValueError, match="profiles 2 ranks but the job has 1"):
         CompressedState(method="tiered", tier_profile=str(path))

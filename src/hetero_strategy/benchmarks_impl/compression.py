@@ -1,16 +1,17 @@
 """``hetero-strategy bench compression``: dense fp32, fp16, PowerSGD, Top-K and tiered, in one run.
 
 1. Step time and bytes per step: ResNet-18, batch 32 per rank, 2 ranks on the emulated cluster
-   with 100 Mbit/s tbf links (namespaces; needs root), methods alternating step by step.
-2. The same on an unthrottled link (loopback): what the tiered policy costs where it should not
-   compress (it measures the link and picks its tier itself there).
-3. Convergence on sklearn digits (MLP, 2 ranks, loopback, several seeds): test accuracy after a
-   fixed budget and steps to the target accuracy; the tiered policy uses the tier the slow link
-   gets (eth1g), so time-to-target = steps-to-target x slow-link step time, with the dense steps
-   taken on the way (warm-up, periodic dense sync) charged at dense fp32's step time.
+   with 100 Mbit/s tbf links (namespaces; needs root), methods alternating step by step. Bytes
+   are the hook's count and the rank's interface transmit counter (inside its namespace).
+2. The same on an unthrottled link (loopback): what compression costs where it does not pay
+   (``dense_fallback`` measures the link and the codec and sends densely there).
+3. Time to accuracy, end to end, on the emulated link: a small CNN on sklearn digits trains with
+   every method x seed in turn; the wall clock to the target held-out accuracy and the accuracy
+   after the budget (:mod:`.compression_e2e`).
 
-Writes JSON ``{"methods": {name: {step_time_s, bytes_per_step, accuracy, steps_to_target,
-time_to_target_s, ...}}, ...}`` and a PNG chart beside it.
+Writes JSON ``{"methods": {name: {step_time_s, unthrottled_step_time_s, accuracy,
+time_to_target_s, ...}}, "ratios": {...}, "setup": {...}}`` and a PNG chart beside it. Times are
+medians, with their spread (min, max) beside them.
 
 Example::
 
@@ -38,28 +39,30 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.compression_wo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
-    parser.add_argument("--link", default="100mbit", help="slow link rate for the step-time run")
+    parser.add_argument("--link", default="100mbit", help="slow link rate (step time and time to accuracy)")
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per method (alternating)")
-    parser.add_argument("--steps", type=int, default=300, help="convergence step budget")
-    parser.add_argument("--seeds", type=int, default=3, help="convergence seeds")
-    parser.add_argument("--target", type=float, default=0.93, help="digits test accuracy to reach")
-    parser.add_argument("--lr", type=float, default=0.3, help="SGD learning rate of the convergence runs")
+    parser.add_argument("--steps", type=int, default=200, help="time-to-accuracy step budget")
+    parser.add_argument("--seeds", type=int, default=3, help="time-to-accuracy seeds")
+    parser.add_argument("--target", type=float, default=0.95, help="digits held-out accuracy to reach")
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
     parser.add_argument("--simulate-link", action="store_true",
-                        help="no namespaces: slow-link step time = unthrottled compute + bytes / link rate "
-                             "(labelled as computed in the JSON)")
+                        help="no namespaces: slow-link time = unthrottled compute + the hook's bytes / link rate "
+                             "(labelled as computed in the JSON; compression is then forced on)")
 
 
-def _local(args: list[str], timeout: float) -> None:
+def _local(args: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
     """Two ranks on loopback (unshaped)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for r in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2",
-                   LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        env.pop("HETERO_TIER", None)
-        procs.append(subprocess.Popen([*_WORKER, *args], env=env))
+        e = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2",
+                 LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        e.pop("HETERO_TIER", None)
+        e.update(env or {})
+        procs.append(subprocess.Popen([*_WORKER, *args], env=e))
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:
@@ -80,55 +83,61 @@ def _emulated(args: list[str], link: str, timeout: float) -> None:
         raise RuntimeError(f"emulated bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
 
 
-def _step_time(step: dict, fast: dict, m: str, link: str, computed: bool) -> float:
-    if computed:  # compute measured unthrottled + the measured bytes over the link rate
-        return statistics.mean(fast[m]["step_s"]) + statistics.mean(step[m]["bytes"]) * 8 / parse_rate(link)
-    return statistics.mean(step[m]["step_s"])
+def _spread(xs: list[float]) -> list[float]:
+    return [min(xs), max(xs)]
 
 
-def _summarise(step: dict, fast: dict, conv: dict, link: str, computed: bool) -> dict:
-    """Per method; time-to-target charges the dense steps taken before the target (warm-up,
-    periodic dense sync) at dense fp32's step time and the others at the method's own."""
+def _summarise(slow: dict, fast: dict, conv: dict, link: str, computed: bool) -> dict:
+    """Per method: step times (medians, spread), bytes, and the end-to-end convergence figures."""
     methods = {}
-    dense_s = _step_time(step, fast, "dense_fp32", link, computed)
-    for m, timing in step.items():
+    for m, timing in slow.items():
         if m.startswith("_"):
             continue
-        step_s = _step_time(step, fast, m, link, computed)
+        steps = timing["step_s"]
+        if computed:  # unthrottled compute + the hook's bytes over the link rate, round by round
+            steps = [t + b * 8 / parse_rate(link) for t, b in zip(fast[m]["step_s"], fast[m]["bytes"])]
         runs = conv[m]
-        reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
-        steps_to_target = statistics.mean(reached) if len(reached) == len(runs) else None
-        times = [(r["dense_steps_to_target"] or 0) * dense_s + (r["steps_to_target"] - (r["dense_steps_to_target"] or 0))
-                 * step_s for r in runs if r["steps_to_target"] is not None]
+        reached = [r["time_to_target_s"] for r in runs]
         methods[m] = {
-            "step_time_s": step_s,
-            "bytes_per_step": statistics.mean(timing["bytes"]),
+            "step_time_s": statistics.median(steps),
+            "step_time_spread_s": _spread(steps),
+            "bytes_per_step": statistics.median(timing["bytes"]),
+            "wire_bytes_per_step": None if computed else statistics.median(timing["wire_bytes"]),
             "density": statistics.mean(timing["density"]),
-            "unthrottled_step_time_s": statistics.mean(fast[m]["step_s"]),
+            "unthrottled_step_time_s": statistics.median(fast[m]["step_s"]),
+            "unthrottled_step_time_spread_s": _spread(fast[m]["step_s"]),
             "accuracy": statistics.mean(r["accuracy"] for r in runs),
             "accuracy_per_seed": [r["accuracy"] for r in runs],
-            "steps_to_target": steps_to_target,
+            "steps_to_target": None if None in reached else statistics.mean(r["steps_to_target"] for r in runs),
             "steps_to_target_per_seed": [r["steps_to_target"] for r in runs],
-            "dense_steps_to_target_per_seed": [r["dense_steps_to_target"] for r in runs],
-            "time_to_target_s": None if steps_to_target is None else statistics.mean(times),
+            "time_to_target_s": None if None in reached else statistics.median(reached),
+            "time_to_target_per_seed_s": reached,
+            "e2e_step_time_s": statistics.median(r["step_time_s"] for r in runs),
+            "e2e_hook_bytes_per_step": statistics.median(r["hook_bytes_per_step"] for r in runs),
+            "e2e_wire_bytes_per_step": None if computed else statistics.median(r["wire_bytes_per_step"] for r in runs),
+            "e2e_dense_steps_per_seed": [r["dense_steps"] for r in runs],
+            "dense_fallback": statistics.mean(timing.get("dense_fallback", [0.0])),
         }
     return methods
 
 
-def _ratios(methods: dict) -> dict:
+def _ratios(methods: dict, fast: dict) -> dict:
     d, out = methods["dense_fp32"], {}
     if "topk" in methods:
         out["topk_speedup_vs_dense"] = d["step_time_s"] / methods["topk"]["step_time_s"]
         out["topk_speedup_vs_fp16"] = methods["fp16"]["step_time_s"] / methods["topk"]["step_time_s"]
-    for name in ("tiered", "tiered_tuned"):
-        t = methods.get(name, {})
-        if t.get("time_to_target_s") is not None:
-            for base in ("powersgd", "dense_fp32"):
-                if methods[base]["time_to_target_s"]:
-                    out[f"{name}_time_to_target_vs_{base}"] = t["time_to_target_s"] / methods[base]["time_to_target_s"]
-        if t:
-            out[f"{name}_accuracy_minus_dense_points"] = 100 * (t["accuracy"] - d["accuracy"])
-            out[f"{name}_unthrottled_overhead"] = t["unthrottled_step_time_s"] / d["unthrottled_step_time_s"] - 1
+    for name in ("topk", "tiered"):
+        if name not in methods:
+            continue
+        # per round: the methods alternate step by step, so each round's ratio shares its moment
+        per_round = [a / b - 1 for a, b in zip(fast[name]["step_s"], fast["dense_fp32"]["step_s"])]
+        out[f"{name}_unthrottled_overhead"] = statistics.median(per_round)
+        out[f"{name}_unthrottled_overhead_spread"] = _spread(per_round)
+        t = methods[name]
+        for base in ("powersgd", "dense_fp32", "fp16"):
+            if t["time_to_target_s"] is not None and methods.get(base, {}).get("time_to_target_s"):
+                out[f"{name}_time_to_target_vs_{base}"] = t["time_to_target_s"] / methods[base]["time_to_target_s"]
+        out[f"{name}_accuracy_minus_dense_points"] = 100 * (t["accuracy"] - d["accuracy"])
     return out
 
 
@@ -154,35 +163,46 @@ def _chart(methods: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero_strategy.benchmarks_impl.compression_worker import METHODS
+
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
+    picked = ["--methods", *(args.methods or METHODS)]
+    conv_args = ["--steps", str(args.steps), "--seeds", str(args.seeds), "--target", str(args.target),
+                 "--lr", str(args.lr), *picked]
     with tempfile.TemporaryDirectory() as tmp:
         slow, fast, conv = (os.path.join(tmp, f) for f in ("slow.json", "fast.json", "conv.json"))
         print("bench compression: unthrottled step time (loopback) ...", flush=True)
-        _local(["steptime", "--out", fast, "--rounds", str(args.rounds)], timeout=900)
-        if not args.simulate_link:
+        _local(["steptime", "--out", fast, "--rounds", str(args.rounds), *picked], timeout=900)
+        if args.simulate_link:
+            print(f"bench compression: time to accuracy, {args.link} computed (loopback) ...", flush=True)
+            _local(["converge", "--out", conv, *conv_args, "--no-fallback", "--charge-link",
+                    str(parse_rate(args.link))], timeout=1800, env={"HETERO_TIER": "eth1g"})
+        else:
             print(f"bench compression: step time on {args.link} (emulated namespaces) ...", flush=True)
-            _emulated(["steptime", "--out", slow, "--rounds", str(args.rounds)], args.link, timeout=900)
-        print("bench compression: convergence on digits (loopback) ...", flush=True)
-        _local(["converge", "--out", conv, "--steps", str(args.steps), "--seeds", str(args.seeds), "--warmup", "1",
-                "--target", str(args.target), "--lr", str(args.lr), "--momentum", "0"], timeout=900)
+            _emulated(["steptime", "--out", slow, "--rounds", str(args.rounds), *picked], args.link, timeout=900)
+            print(f"bench compression: time to accuracy on {args.link} (emulated namespaces) ...", flush=True)
+            _emulated(["converge", "--out", conv, *conv_args], args.link, timeout=1800)
         fast_r = json.loads(Path(fast).read_text())
         slow_r = fast_r if args.simulate_link else json.loads(Path(slow).read_text())
         conv_r = json.loads(Path(conv).read_text())
     methods = _summarise(slow_r, fast_r, conv_r, args.link, computed=args.simulate_link)
     result = {
         "methods": methods,
-        "ratios": _ratios(methods),
+        "ratios": _ratios(methods, fast_r),
         "setup": {
             "link": args.link,
             "slow_link_timing": "computed: unthrottled step + bytes/rate" if args.simulate_link
             else "measured on emulated tbf links (network namespaces)",
             "tier_on_slow_link": slow_r.get("_tier"), "tier_unthrottled": fast_r.get("_tier"),
-            "steptime_model": "torchvision resnet18, 32x32, batch 32/rank, 2 ranks, 1 CPU thread each",
-            "convergence": f"MLP 64-128-10 on sklearn digits, SGD lr {args.lr}, batch 32/rank, {args.steps} steps, "
-                           f"{args.seeds} seeds, target {args.target}; tiered uses tier eth1g",
-            "tiered_tuned": "tiered with base_density 0.1 and tier_overrides {eth1g: {exchange_every: 1}}",
+            "steptime_model": "torchvision resnet18, 32x32, batch 32/rank, 2 ranks, 1 CPU thread each; "
+                              "topk: base_density 0.01 constant, 1 dense warm-up step",
+            "convergence": f"CNN 283k parameters on sklearn digits, SGD lr {args.lr} momentum 0.9, batch 32/rank, "
+                           f"{args.steps} steps, {args.seeds} seeds, target {args.target}, measured end to end on "
+                           f"the {'computed' if args.simulate_link else 'emulated'} {args.link} link; topk and tiered "
+                           "with the config defaults (topk: base_density 0.01 constant)",
             "rounds": args.rounds,
+            "statistics": "times are medians; *_spread are [min, max]; overheads are per-round ratios",
         },
     }
     out.write_text(json.dumps(result, indent=2))
@@ -196,10 +216,12 @@ def _print(methods: dict, ratios: dict) -> None:
     from rich.table import Table
 
     table = Table(title="bench compression")
-    for col in ("method", "step s", "MB/step", "fast step s", "accuracy", "steps→target", "time→target s"):
+    for col in ("method", "step s", "MB/step (hook)", "MB/step (wire)", "fast step s", "accuracy",
+                "steps→target", "time→target s"):
         table.add_column(col)
     for m, v in methods.items():
-        table.add_row(m, f"{v['step_time_s']:.3f}", f"{v['bytes_per_step'] / 1e6:.2f}",
+        wire = "-" if v["wire_bytes_per_step"] is None else f"{v['wire_bytes_per_step'] / 1e6:.2f}"
+        table.add_row(m, f"{v['step_time_s']:.3f}", f"{v['bytes_per_step'] / 1e6:.2f}", wire,
                       f"{v['unthrottled_step_time_s']:.3f}", f"{v['accuracy']:.3f}", str(v["steps_to_target"]),
                       "-" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.1f}")
     console = Console()

@@ -4,9 +4,10 @@ Two jobs:
 
 * ``steptime`` — ResNet-18 (torchvision, 11.7M parameters), 32x32 inputs, batch 32 per rank; one
   DDP model per method, warmed up, then timed steps *alternating* between methods (same link,
-  same moment); reports per-step seconds and bytes sent by this rank.
-* ``converge`` — an MLP on sklearn digits, every method x seed on the same ranks: test accuracy
-  after a fixed step budget and the first evaluated step reaching the target accuracy.
+  same moment); reports per-step seconds, the bytes the hook counted and the bytes this rank's
+  interface sent (its transmit counter read around every step).
+* ``converge`` — time to accuracy measured end to end (:mod:`.compression_e2e`): a small CNN on
+  sklearn digits, every method x seed on the same ranks, on whatever link the ranks have.
 
 Example (what the bench runs on each rank of a 2-rank emulated cluster)::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import time
 
@@ -26,16 +28,14 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hetero_strategy.benchmarks_impl.compression_e2e import converge, interface_tx_bytes
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import CompressedState, PowerSGDBaselineState, powersgd_weighted_hook, topk_hook
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook
 
 __all__ = ["METHODS", "main", "make_hook"]
 
-METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "tiered", "tiered_tuned")
-# "tiered" is the DESIGN.md tier table as is; "tiered_tuned" shows its main knob: on eth1g exchange
-# every step (not every 5) with base_density 0.1 (eth1g density 0.01 decaying to 0.001)
-TUNED = {"base_density": 0.1, "overrides": {"eth1g": {"exchange_every": 1}}}
+METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "tiered")
 
 
 class _Counter(WeightedReduceState):
@@ -66,9 +66,10 @@ def _dense_hook(state: _Counter, bucket):
     return weighted_allreduce_hook(state, bucket)
 
 
-def make_hook(method: str, steps: int, warmup: int, tiers: list[str] | None = None, base_density: float = 0.01,
-              overrides: dict | None = None):
-    """(state, hook, bucket_cap_mb) of a benchmark method."""
+def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[str] | None = None,
+              base_density: float | None = None, overrides: dict | None = None, fallback: bool = True,
+              min_density: float | None = None):
+    """(state, hook, bucket_cap_mb) of a benchmark method; None fields keep the config defaults."""
     if method == "dense_fp32":
         return _Counter(), _dense_hook, 25
     if method == "fp16":
@@ -77,14 +78,17 @@ def make_hook(method: str, steps: int, warmup: int, tiers: list[str] | None = No
         # NOTE: one bucket: upstream PowerSGD chains all-reduces in callbacks and aborts on gloo
         # with several buckets (collective order differs across ranks)
         return PowerSGDBaselineState(rank=4, start_iter=2), powersgd_weighted_hook, 1000
+    fields: dict = {"dense_fallback": fallback}
+    if warmup is not None:
+        fields["dense_warmup_steps"] = warmup
     if method == "topk":
-        cfg = CompressionConfig(method="topk", base_density=0.01, density_schedule="constant",
-                                dense_warmup_steps=warmup)
+        cfg = CompressionConfig(method="topk", base_density=0.01, density_schedule="constant", **fields)
         return CompressedState(cfg, max_steps=steps), topk_hook, 25
-    if method == "tiered_tuned":
-        base_density, overrides = TUNED["base_density"], TUNED["overrides"]
-    cfg = CompressionConfig(method="tiered", dense_warmup_steps=warmup, tiers=tiers, base_density=base_density,
-                            min_density=min(0.001, base_density), tier_overrides=overrides)
+    if base_density is not None:
+        fields.update(base_density=base_density, min_density=min(0.001, base_density))
+    if min_density is not None:
+        fields["min_density"] = min_density
+    cfg = CompressionConfig(method="tiered", tiers=tiers, tier_overrides=overrides, **fields)
     return CompressedState(cfg, max_steps=steps), topk_hook, 25
 
 
@@ -113,72 +117,17 @@ def _steptime(args: argparse.Namespace) -> dict:
     for m in args.methods:  # dense warm-up steps and DDP's bucket rebuild, not timed
         for _ in range(3 if m == "powersgd" else 2):
             step(m)
-    out = {m: {"step_s": [], "bytes": [], "density": []} for m in args.methods}
+    out = {m: {"step_s": [], "bytes": [], "wire_bytes": [], "density": [], "dense_fallback": []} for m in args.methods}
     for _ in range(args.rounds):
         for m in args.methods:
+            tx = interface_tx_bytes()
             out[m]["step_s"].append(step(m))
+            out[m]["wire_bytes"].append(interface_tx_bytes() - tx)  # the step's collectives are done
             out[m]["bytes"].append(int(getattr(runs[m][1], "last_bytes_sent", 0)))
             out[m]["density"].append(float(getattr(runs[m][1], "density", 1.0)))
+            out[m]["dense_fallback"].append(float(getattr(runs[m][1], "dense_fallback", 0.0)))
     out["_tier"] = getattr(runs.get("tiered", (None, None))[1], "tiers", None)
     return out
-
-
-def _digits():
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(data.target)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
-    return xtr, ytr, xte, yte
-
-
-def _converge_one(method: str, seed: int, args: argparse.Namespace, data) -> dict:
-    xtr, ytr, xte, yte = data
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    state, hook, cap = make_hook(method, steps=args.steps, warmup=args.warmup, tiers=[args.tier] * world,
-                                 base_density=args.base_density, overrides=args.tier_overrides)
-    model = DDP(net, bucket_cap_mb=cap)
-    model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    gen = torch.Generator().manual_seed(seed)
-    per_rank, order, pos = 32, torch.randperm(len(xtr), generator=gen), 0
-    curve, reached, dense_steps, dense_to_target = [], None, 0, None
-    for step in range(1, args.steps + 1):
-        if pos + per_rank * world > len(order):
-            order, pos = torch.randperm(len(xtr), generator=gen), 0
-        idx = order[pos + rank * per_rank: pos + (rank + 1) * per_rank]
-        pos += per_rank * world
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
-        opt.step()
-        dense_steps += _was_dense(method, state)
-        if step % args.eval_every == 0:
-            with torch.no_grad():
-                acc = float((net(xte).argmax(1) == yte).float().mean())
-            curve.append((step, acc))
-            if reached is None and acc >= args.target:
-                reached, dense_to_target = step, dense_steps
-    return {"accuracy": curve[-1][1], "steps_to_target": reached, "dense_steps_to_target": dense_to_target,
-            "curve": curve}
-
-
-def _was_dense(method: str, state) -> bool:
-    """Whether the step just taken sent dense fp32 gradients (warm-up, periodic sync), which cost
-    a dense step on the slow link; the baselines' own steps are timed as they are."""
-    if method == "powersgd":
-        return state.powersgd.iter <= state.powersgd.start_powerSGD_iter  # iter counts after the hook
-    if method in ("topk", "tiered", "tiered_tuned"):
-        return all(mode in ("warmup", "dense") for mode in state.last_modes.values())
-    return False
-
-
-def _converge(args: argparse.Namespace) -> dict:
-    data = _digits()
-    return {m: [_converge_one(m, s, args, data) for s in range(args.seeds)] for m in args.methods}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,17 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--target", type=float, default=0.93)
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=1, help="dense warm-up steps of topk/tiered (convergence)")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--base-density", type=float, default=0.01, help="tiered policy's base density")
+    p.add_argument("--warmup", type=int, default=None, help="dense warm-up steps of topk/tiered (default: config's)")
+    p.add_argument("--base-density", type=float, default=None, help="tiered policy's base density (default: config's)")
+    p.add_argument("--min-density", type=float, default=None, help="tiered policy's density floor")
+    p.add_argument("--charge-link", type=float, default=None,
+                   help="converge without a real slow link: add the hook's bytes at this rate (bit/s) to the clock")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="compress even where it does not pay (dense_fallback=False): with --charge-link")
     p.add_argument("--tier-overrides", type=json.loads, default=None,
                    help='tiered policy overrides as JSON, e.g. {"eth1g": {"exchange_every": 1}}')
-    p.add_argument("--tier", default="eth1g", help="tier the tiered policy uses in the convergence run")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     try:
-        result = _steptime(args) if args.job == "steptime" else _converge(args)
+        hooks = functools.partial(make_hook, base_density=args.base_density, overrides=args.tier_overrides,
+                                  fallback=not args.no_fallback, warmup=args.warmup, min_density=args.min_density)
+        result = _steptime(args) if args.job == "steptime" else converge(args, hooks)
         if dist.get_rank() == 0:
             with open(args.out, "w") as f:
                 json.dump(result, f)

@@ -20,10 +20,10 @@ class CompressionConfig:
 
     method: str = "none"
     """One of none, topk, tiered, onebit, fp16, bf16, powersgd."""
-    base_density: float = 0.01
-    """Fraction of gradient entries sent at the start of the cosine schedule."""
-    min_density: float = 0.001
-    """Floor of the density schedule."""
+    base_density: float = 0.05
+    """Fraction of gradient entries sent at the start of the cosine schedule (times the tier's factor)."""
+    min_density: float | None = None
+    """Floor of the density schedule; None is base_density / 10."""
     tier: str | None = None
     """This rank's link tier (nvlink, ib, eth10g, eth1g); None reads HETERO_TIER or measures."""
     tiers: list[str] | None = None
@@ -72,9 +72,11 @@ class CompressionConfig:
             _fail("compression", self.method, f"choose one of {', '.join(COMPRESSION_METHODS)}")
         for name in ("base_density", "min_density"):
             v = getattr(self, name)
+            if name == "min_density" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 _fail(name, v, "a density must lie in (0, 1]")
-        if self.min_density > self.base_density:
+        if self.min_density is not None and self.min_density > self.base_density:
             _fail("min_density", self.min_density,
                   f"must not exceed base_density={self.base_density}; lower min_density")
         if self.tier is not None and self.tier not in TIERS:
@@ -116,6 +118,11 @@ class CompressionConfig:
         if self.hierarchical and self.method not in ("topk", "tiered"):
             _fail("hierarchical", self.hierarchical, "works with compression='topk' or 'tiered' only")
         self._check_fast_groups()
+
+    @property
+    def density_floor(self) -> float:
+        """The schedule's floor: min_density, or base_density / 10 when it is None."""
+        return self.base_density / 10 if self.min_density is None else self.min_density
 
     def _check_fast_groups(self) -> None:
         groups = self.fast_groups

@@ -86,5 +86,6 @@ def measure_compression_cost(process_group: dist.ProcessGroup | None, device: to
     """Link bandwidth and codec cost, the group's slowest (collective: every rank calls it)."""
     codec = torch.tensor([measure_codec_seconds_per_entry(device, backend)], dtype=torch.float64, device=device)
     dist.all_reduce(codec, op=dist.ReduceOp.MAX, group=process_group)
-    gbps = measure_bandwidth_gbps(process_group)  # agreed inside (the slowest rank's time)
+    # agreed inside (the slowest rank's time); 20 ms is enough to tell a fast link from a slow one
+    gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)
     return CompressionCost(link_bytes_per_s=gbps * 1e9 / 8, codec_s_per_entry=float(codec.item()))
