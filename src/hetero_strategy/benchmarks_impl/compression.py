@@ -226,4 +226,4 @@ def _print(methods: dict, ratios: dict) -> None:
                       "-" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.1f}")
     console = Console()
     console.print(table)
-    console.print({k: round(v, 3) for k, v in ratios.items()})
+    console.print({k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3) for k, v in ratios.items()})

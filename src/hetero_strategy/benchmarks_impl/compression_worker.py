@@ -92,7 +92,7 @@ def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[st
     return CompressedState(cfg, max_steps=steps), topk_hook, 25
 
 
-def _steptime(args: argparse.Namespace) -> dict:
+def _steptime(args: argparse.Namespace, make_hook) -> dict:
     from torchvision.models import resnet18
 
     x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(dist.get_rank()))
@@ -100,8 +100,7 @@ def _steptime(args: argparse.Namespace) -> dict:
     runs = {}
     for m in args.methods:
         torch.manual_seed(0)
-        state, hook, cap = make_hook(m, steps=1000, warmup=1, base_density=args.base_density,
-                                     overrides=args.tier_overrides)
+        state, hook, cap = make_hook(m, steps=1000, warmup=1)
         model = DDP(resnet18(num_classes=10), bucket_cap_mb=cap)
         model.register_comm_hook(state, hook)
         runs[m] = (model, state, torch.optim.SGD(model.parameters(), lr=0.01))
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hooks = functools.partial(make_hook, base_density=args.base_density, overrides=args.tier_overrides,
                                   fallback=not args.no_fallback, warmup=args.warmup, min_density=args.min_density)
-        result = _steptime(args) if args.job == "steptime" else converge(args, hooks)
+        result = _steptime(args, hooks) if args.job == "steptime" else converge(args, hooks)
         if dist.get_rank() == 0:
             with open(args.out, "w") as f:
                 json.dump(result, f)

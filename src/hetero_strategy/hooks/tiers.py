@@ -55,12 +55,11 @@ class TierPolicy:
     """Error-feedback compensation strength (residual decay); ignored by dense tiers."""
 
 
-# NOTE: DESIGN.md's table ("field experience": ib 0.5/1/0.9, eth10g 0.3/2/0.95, eth1g 0.1/5/0.98)
-# was measured against dense end to end (bench compression, digits CNN on 100 Mbit): skipping
-# exchanges and gamma < 1 cost accuracy (eth1g ended 3.2 points below dense) without saving time
-# once the payload is small. Every tier now sends base_density x 1 each step with classic error
-# feedback; whether compressing pays at all is measured per link (dense_fallback). The old
-# values stay available as tier_overrides.
+# NOTE: not DESIGN.md's table ("field experience": ib 0.5/1/0.9, eth10g 0.3/2/0.95, eth1g
+# 0.1/5/0.98), whose eth1g row ended 3.2 points below dense in an earlier benchmark. Measured end
+# to end (bench compression, docs/compression.md), every tier sending base_density each step with
+# classic error feedback stays within a point of dense; whether compressing pays at all is
+# measured per link (dense_fallback). The old rows stay available as tier_overrides.
 DEFAULT_TIERS: dict[str, TierPolicy] = {
     "nvlink": TierPolicy(tier_factor=None, exchange_every=1, gamma=1.0),
     "ib": TierPolicy(tier_factor=1.0, exchange_every=1, gamma=1.0),
