@@ -14,16 +14,19 @@ Example::
 from hetero_strategy.config.compression import COMPRESSION_METHODS, TIERS, CompressionConfig
 from hetero_strategy.config.errors import CONFIG_ENV, ConfigError
 from hetero_strategy.config.hetero import HeteroConfig, field_owners
+from hetero_strategy.config.precision import DTYPE_NAMES, PrecisionConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
 
 __all__ = [
     "COMPRESSION_METHODS",
     "CONFIG_ENV",
+    "DTYPE_NAMES",
     "TIERS",
     "BalanceConfig",
     "CalibrationConfig",
     "CompressionConfig",
     "ConfigError",
     "HeteroConfig",
+    "PrecisionConfig",
     "field_owners",
 ]

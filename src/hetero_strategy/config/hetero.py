@@ -11,6 +11,7 @@ import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
 from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.precision import PrecisionConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
 
 __all__ = ["HeteroConfig", "field_owners"]
@@ -20,6 +21,7 @@ _SECTIONS: dict[str, tuple[type, str | None]] = {
     "balance": (BalanceConfig, None),
     "calibration": (CalibrationConfig, "calibrate"),
     "compression": (CompressionConfig, "method"),
+    "precision": (PrecisionConfig, None),
 }
 
 
@@ -30,6 +32,7 @@ class HeteroConfig:
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
 
     def __post_init__(self) -> None:
         for name, (cls, _) in _SECTIONS.items():

@@ -228,7 +228,8 @@ class CompressedState(WeightedReduceState):
         norms = torch._foreach_norm(grads)  # per-parameter L2 norms, 0-d tensors
         for g, norm in zip(grads, norms):
             limit = self.config.clip_norm * math.sqrt(g.numel() / total)
-            g.mul_(torch.clamp(limit / (norm + 1e-6), max=1.0) * self.weight)
+            true_norm = norm / self.loss_scale  # the clip is in unscaled units (fp16 loss scaling)
+            g.mul_(torch.clamp(limit / (true_norm + 1e-6), max=1.0) * self.weight)
 
     def _account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int) -> None:
         n = bucket.buffer().numel()

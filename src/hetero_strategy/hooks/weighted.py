@@ -30,6 +30,8 @@ class WeightedReduceState:
         "overlap",
         # internal state
         "weight",
+        "loss_scale",
+        "_sample_weight",
         "step",
         "_deferred",
         # stats
@@ -44,6 +46,7 @@ class WeightedReduceState:
         self.overlap = overlap
         self._deferred: list[tuple[torch.Tensor, torch.futures.Future]] = []
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        self._sample_weight, self.loss_scale = 1.0 / world, 1.0
         self.weight = 1.0 / world
         self.step = 0
         self.last_hook_time: float | None = None
@@ -53,7 +56,16 @@ class WeightedReduceState:
         if global_samples <= 0 or not 0 <= local_samples <= global_samples:
             raise ValueError(f"local_samples={local_samples}, global_samples={global_samples} are invalid: "
                              "need 0 <= local_samples <= global_samples and global_samples > 0")
-        self.weight = local_samples / global_samples
+        self._sample_weight = local_samples / global_samples
+        self.weight = self._sample_weight / self.loss_scale
+
+    def set_loss_scale(self, scale: float) -> None:
+        """This rank's loss scale (fp16 ranks; 1 elsewhere): its contribution is unscaled before the
+        reduction, weight = b_r / (G * scale), so the reduced gradient is in true units everywhere."""
+        if not scale > 0:
+            raise ValueError(f"scale={scale!r} is invalid: a loss scale must be positive")
+        self.loss_scale = float(scale)
+        self.weight = self._sample_weight / self.loss_scale
 
     def record_bucket(self, bucket: dist.GradBucket) -> None:
         """Note when a bucket became ready; the last one marks the end of this rank's backward."""

@@ -1,0 +1,77 @@
+"""The precision section: which autocast dtype each rank uses, and the coordinated loss scaler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_strategy.config.errors import _fail
+
+__all__ = ["DTYPE_NAMES", "PrecisionConfig"]
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    """Per-device mixed precision (DESIGN.md semantics 9); see docs/strategy.md.
+
+    ``precision_policy`` None leaves precision to the framework (Lightning's ``precision=``,
+    Accelerate's ``mixed_precision``), as before. Any other value makes hetero_strategy own it:
+    parameters and optimizer state stay fp32 everywhere, each rank autocasts in its dtype, and only
+    fp16 ranks scale their loss, with one scale history for every fp16 rank.
+    """
+
+    precision_policy: str | list[str] | dict[str, str] | None = None
+    """None (the framework decides); "auto" (bf16 on compute capability >= 8.0, fp16 + loss scaling
+    on 7.x, fp32 below and on CPU); one of bf16/fp16/fp32 for every rank; a list with one per rank;
+    or a mapping from a device-name part ("V100") or a capability ("7.0") to a dtype, with an
+    optional "default" key (else "auto" decides)."""
+    keep_fp32: list[str] = field(default_factory=lambda: ["LayerNorm", "Softmax"])
+    """Module class names that always run in fp32 under autocast."""
+    init_scale: float = 2.0**16
+    """First loss scale of fp16 ranks."""
+    growth_factor: float = 2.0
+    """Scale multiplier after ``growth_interval`` steps without an overflow."""
+    backoff_factor: float = 0.5
+    """Scale multiplier after a step with an overflow on any rank (the step is skipped)."""
+    growth_interval: int = 2000
+    """Overflow-free steps before the scale grows."""
+
+    def __post_init__(self) -> None:
+        policy = self.precision_policy
+        if isinstance(policy, str):
+            if policy != "auto" and policy not in DTYPE_NAMES:
+                _fail("precision_policy", policy, f"use auto, one of {', '.join(DTYPE_NAMES)}, a per-rank list "
+                      "or a mapping device-name/capability -> dtype")
+        elif isinstance(policy, (list, tuple)):
+            if not policy:
+                _fail("precision_policy", policy, "give one dtype per rank, e.g. ['bf16', 'fp32']")
+            for i, v in enumerate(policy):
+                if v not in DTYPE_NAMES:
+                    _fail(f"precision_policy[{i}]", v, f"use one of {', '.join(DTYPE_NAMES)}")
+        elif isinstance(policy, dict):
+            for key, v in policy.items():
+                if v not in (*DTYPE_NAMES, "auto"):
+                    _fail(f"precision_policy.{key}", v, f"use auto or one of {', '.join(DTYPE_NAMES)}")
+        elif policy is not None:
+            _fail("precision_policy", policy, "use None, auto, a dtype name, a per-rank list or a mapping")
+        if not isinstance(self.keep_fp32, (list, tuple)) or not all(isinstance(n, str) for n in self.keep_fp32):
+            _fail("keep_fp32", self.keep_fp32, "give a list of module class names, e.g. ['LayerNorm', 'Softmax']")
+        self._check_positive("init_scale", self.init_scale)
+        if not _number(self.growth_factor) or self.growth_factor < 1:
+            _fail("growth_factor", self.growth_factor, "must be a number >= 1 (1 never grows)")
+        if not _number(self.backoff_factor) or not 0 < self.backoff_factor < 1:
+            _fail("backoff_factor", self.backoff_factor, "must lie in (0, 1), e.g. 0.5")
+        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
+                or self.growth_interval < 1:
+            _fail("growth_interval", self.growth_interval, "must be an integer >= 1, e.g. 2000")
+
+    @staticmethod
+    def _check_positive(name: str, value: Any) -> None:
+        if not _number(value) or not value > 0:
+            _fail(name, value, "must be a positive number")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -1,0 +1,91 @@
+"""This rank's precision in action: autocast in its dtype, an fp32 keep-list, its loss scaler.
+
+Parameters and optimizer state stay fp32 on every rank (DDP's buckets must match across ranks);
+only the forward's compute dtype differs. Modules on the keep-list (LayerNorm, Softmax by
+default: their reductions lose too much in half precision) run in fp32 with autocast off.
+
+Example::
+
+    rp = RankPrecision.build(config.precision, rank, world, device)    # prints its choice
+    rp.keep_fp32(model)
+    with rp.autocast():
+        loss = loss_fn(model(x), y)
+    rp.scaler.scale_loss(loss).backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hetero_strategy.precision.policy import TORCH_DTYPES, auto_dtype, describe_device, resolve_dtype
+from hetero_strategy.precision.scaler import CoordinatedScaler
+
+__all__ = ["RankPrecision"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RankPrecision:
+    """One rank's dtype, device type and loss scaler."""
+
+    dtype: str
+    device_type: str
+    scaler: CoordinatedScaler
+    keep: tuple[str, ...] = ("LayerNorm", "Softmax")
+
+    @classmethod
+    def build(cls, config, rank: int, world: int, device: torch.device, info=None) -> RankPrecision:
+        """From a PrecisionConfig; ``info`` (a DeviceInfo) overrides what the device reports."""
+        info = info or describe_device(device)
+        dtype = resolve_dtype(config.precision_policy, rank, world, info)
+        scaler = CoordinatedScaler(dtype == "fp16", config.init_scale, config.growth_factor,
+                                   config.backoff_factor, config.growth_interval)
+        rp = cls(dtype, device.type, scaler, tuple(config.keep_fp32))
+        why = f"auto would pick {auto_dtype(info)}" if config.precision_policy != "auto" else "auto"
+        cap = "" if info.capability is None else " (compute capability {}.{})".format(*info.capability)
+        message = (f"hetero_strategy: rank {rank} autocasts in {dtype}"
+                   f"{' with loss scaling' if dtype == 'fp16' else ''} on {info.name}{cap}; {why}")
+        print(message, flush=True)  # NOTE: every rank says it: the choice differs per rank
+        log.info(message)
+        return rp
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.dtype]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast in this rank's dtype; fp32 runs without autocast."""
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.torch_dtype)
+
+    def keep_fp32(self, module: nn.Module) -> int:
+        """Make the keep-list's submodules run in fp32 (autocast off, inputs cast up); returns how many."""
+        if self.dtype == "fp32":
+            return 0
+        count = 0
+        for sub in module.modules():
+            if type(sub).__name__ in self.keep and not getattr(sub, "_hetero_fp32", False):
+                sub.forward = _in_fp32(sub.forward, self.device_type)
+                sub._hetero_fp32 = True
+                count += 1
+        return count
+
+
+def _in_fp32(forward, device_type: str):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        def up(x):
+            return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+        with torch.autocast(device_type, enabled=False):
+            return forward(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+
+    return run
