@@ -110,6 +110,15 @@ def test_mixed_precision_bf16(tmp_path):
     _assert_weights(res, "bf16", oracle, rtol=0.05, atol=0.02)
 
 
+def test_precision_policy_bf16_beside_fp32(tmp_path):
+    res = launch("policy", tmp_path)
+    assert [r["policy"]["dtype"] for r in res] == ["bf16", "fp32"]
+    for a, b in zip(res[0]["policy"]["weights"], res[1]["policy"]["weights"]):
+        assert torch.equal(a, b) and a.dtype == torch.float32
+    oracle = one_process_sgd(make_data(70), 16, 5, shuffle=True)
+    _assert_weights(res, "policy", oracle, rtol=0.05, atol=0.02)
+
+
 def test_checkpoint_round_trip_restores_every_ranks_residuals(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     full = launch("ckpt_save", tmp_path / "full", ckpt)

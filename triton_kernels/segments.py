@@ -7,10 +7,11 @@ entries of largest ``|acc|`` (NaN above +inf above every finite value, ties to t
 the rule of :mod:`.threshold`), into ``caps[s]`` slots padded with value 0 at the segment's first
 index, in ascending index order.
 
-The torch path does a fixed number of tensor operations per bucket, whatever its number of
-segments: int32 magnitude keys, one random sample of each segment's keys for a threshold a little
-below its k-th largest one, a single candidate mask over the bucket, then the exact top-k among
-the few candidates by one sort on (segment, key, index). A segment whose sample overshot (fewer
+The torch path works on the whole bucket at once: int32 magnitude keys, one jittered sample of
+every large segment's keys (one gather) for a threshold a little below its k-th largest one, a
+candidate mask over the bucket (one slice compare per segment: no per-entry threshold tensor),
+one ``nonzero``, then the exact top-k among the few candidates by one sort on (segment, key,
+index). A segment whose sample overshot (fewer
 than k candidates) gets its exact threshold and the mask is rebuilt once.
 
 The Triton path runs :func:`.topk_select.topk_select` per segment (no host sync; launches per
@@ -61,6 +62,8 @@ def check_segments(acc: torch.Tensor, offsets, sizes, ks, caps) -> None:
         if off < end or off + n > acc.numel():
             raise ValueError(f"segment {s}: [{off}, {off + n}) overlaps the previous one or leaves the bucket "
                              f"of {acc.numel()}; give ascending, disjoint segments")
+        if n == 0 and cap > 0:
+            raise ValueError(f"segment {s}: an empty segment has no first index to pad at; give capacity 0")
         if not 0 <= k <= min(n, cap):
             raise ValueError(f"segment {s}: k={k} must lie in [0, min(size={n}, capacity={cap})]")
         end = off + n

@@ -3,7 +3,7 @@
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 accel_scenarios.py GROUP OUT_DIR [CKPT]
 
 GROUP ``exact`` runs the exactness scenarios on one Accelerator (fp32); ``bf16`` one run under
-``mixed_precision="bf16"``; ``ckpt_save`` trains, saves state mid-run and trains on; ``ckpt_load``
+``mixed_precision="bf16"``; ``policy`` one run with ``precision_policy=["bf16", "fp32"]``; ``ckpt_save`` trains, saves state mid-run and trains on; ``ckpt_load``
 restores that state in a fresh launch and trains the same steps. Each rank writes OUT_DIR/rank<r>.pt.
 """
 
@@ -66,7 +66,8 @@ def fit(accelerator: Accelerator, spec: tuple, compression: str = "none", save_a
     plugin = HeteroPlugin(batch_sizes=[3, 13], compression=compression, log_every_n_steps=1, **extra)
     model, opt, loader, *rest = plugin.prepare(accelerator, *objects)
     sched = rest[0] if rest else None
-    out: dict = {"seen": [], "lrs": [], "states": {}}
+    out: dict = {"seen": [], "lrs": [], "states": {},
+                 "dtype": None if plugin.runtime.precision is None else plugin.runtime.precision.dtype}
     done, epoch = 0, 0
     if load:
         accelerator.load_state(ckpt)
@@ -79,8 +80,12 @@ def fit(accelerator: Accelerator, spec: tuple, compression: str = "none", save_a
                 out["seen"].append(len(x))
                 if plugin.config.calibration.calibrate:
                     time.sleep(0.004 * len(x))  # a per-sample cost the calibrator can see
-                loss = nn.functional.mse_loss(model(x).squeeze(1), y)
-                accelerator.backward(loss)
+                if extra.get("precision_policy"):  # hetero picks each rank's dtype and scales fp16
+                    with plugin.autocast():
+                        pred = model(x).squeeze(1)
+                    plugin.backward(nn.functional.mse_loss(pred.float(), y))
+                else:
+                    accelerator.backward(nn.functional.mse_loss(model(x).squeeze(1), y))
                 if clip is not None and accelerator.sync_gradients:  # clip the reduced gradient only
                     accelerator.clip_grad_norm_(model.parameters(), clip)
                 opt.step()
@@ -116,6 +121,9 @@ def main() -> None:
         result.update({name: fit(accelerator, spec) for name, spec in EXACT.items()})
     elif group == "bf16":
         result["bf16"] = fit(accelerator, EXACT["shuffle_uneven_last"])
+    elif group == "policy":  # rank 0 autocasts in bf16, rank 1 stays fp32 (precision_policy)
+        spec = (*EXACT["shuffle_uneven_last"][:7], dict(precision_policy=["bf16", "fp32"]))
+        result["policy"] = fit(accelerator, spec)
     elif group in ("ckpt_save", "ckpt_load"):
         # 48 samples: 3 steps an epoch; Top-K from step 2 on, so residuals exist when saving at step 3.
         spec = (48, True, False, 6, 1, None, None, dict(dense_warmup_steps=2, base_density=0.1, dense_fallback=False))

@@ -58,3 +58,12 @@ def second_hook_error(error: RuntimeError) -> ConfigError | None:
         "model already has a DDP comm hook (register_comm_hook was called on it); HeteroPlugin registers its "
         "own. Remove the other register_comm_hook call and pick a codec with HeteroPlugin(compression=...)"
     )
+
+
+def check_precision(accelerator: Any, policy: Any) -> None:
+    """With a precision policy hetero picks each rank's dtype; Accelerate's own must be off."""
+    mixed = str(getattr(accelerator, "mixed_precision", "no"))
+    if policy is not None and mixed != "no":
+        raise ConfigError(f"mixed_precision={mixed!r} conflicts with precision_policy={policy!r}: the policy picks "
+                          "each rank's dtype; use Accelerator(mixed_precision='no') (or drop precision_policy to "
+                          "let Accelerate decide)")

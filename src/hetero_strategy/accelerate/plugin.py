@@ -31,7 +31,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from hetero_strategy.accelerate.checks import check_accelerator, second_hook_error
+from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
 from hetero_strategy.balance.probe import ProbeError, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
@@ -83,6 +83,7 @@ class HeteroPlugin:
         is the run's length in optimizer steps, the period of the compression density schedule.
         """
         check_accelerator(accelerator)
+        check_precision(accelerator, self.config.precision.precision_policy)
         if self.runtime is not None:
             raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
         train_index = next((i for i, o in enumerate(objects) if isinstance(o, DataLoader)), None)
@@ -108,6 +109,7 @@ class HeteroPlugin:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
                               "Accelerate builds; pass the nn.Module itself to prepare")
+        self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
         accelerator.register_for_checkpointing(_Checkpoint(self.runtime))
@@ -152,13 +154,30 @@ class HeteroPlugin:
         if optimizers:
             # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
             # step, after accumulation, and never on a step GradScaler skipped.
-            optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
+            inner = optimizers[0].optimizer
+            inner.register_step_post_hook(lambda *_: self._after_step())
+            if self.runtime.precision is not None:
+                real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
+
+                def step(*args: Any, **kwargs: Any) -> None:
+                    if not self.runtime.optimizer_step(inner, lambda: real(*args, **kwargs)):
+                        self._after_step()  # skipped on every rank: the step still ended
+
+                inner.step = step
         for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
             # NOTE: Accelerate steps the schedule num_processes times per optimizer step (its batch
             # is B per process). hetero keeps the one-process run with batch G, which steps once.
             scheduler.split_batches = True
 
     # ---- per step ------------------------------------------------------------------------
+    def autocast(self) -> Any:
+        """``with plugin.autocast():`` the forward, in this rank's dtype (precision_policy)."""
+        return self.runtime.autocast()
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """``accelerator.backward`` of the loss, scaled on fp16 ranks (needed with precision_policy)."""
+        self.accelerator.backward(self.runtime.scale_loss(loss), **kwargs)
+
     def _after_step(self) -> None:
         self.runtime.step_end()
         step = self.runtime.steps - 1

@@ -70,7 +70,7 @@ class CompressedState(WeightedReduceState):
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
-        "cost", "memory", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
+        "cost", "memory", "dirty", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
         "_acc_fallback",
         # stats
         "density", "dense_fallback", "last_bytes_sent", "last_bytes_received", "total_bytes_sent", "total_bytes_received",
@@ -114,6 +114,11 @@ class CompressedState(WeightedReduceState):
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
+        # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
+        # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
+        # ones never take that shortcut). A NaN step keeps its old residual while the set says
+        # clean: it is used again when the parameter next goes sparse, and checkpointed meanwhile.
+        self.dirty: set[int] = set()
         self.total_numel: int | None = None
         self._numel_seen = 0
         self._reset_step_stats()
@@ -131,7 +136,7 @@ class CompressedState(WeightedReduceState):
             return None
         device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
-        cost = measure_compression_cost(process_group, device, cfg.compression_backend)
+        cost = measure_compression_cost(process_group, device, cfg.compression_backend, cfg.base_density)
         big = 1 << 24
         if dist.get_rank() == 0 and not cost.sparse_pays(big, self.schedule.k_for(big, cfg.base_density), self.world):
             log.warning("compression=%r does not pay on this link (%s): gradients are sent densely "
@@ -203,13 +208,14 @@ class CompressedState(WeightedReduceState):
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         out = super().state_dict()
-        out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers,
+        out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers, dirty=sorted(self.dirty),
                    total_bytes_sent=self.total_bytes_sent, total_bytes_received=self.total_bytes_received)
         return out
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.memory.load_state_dict(state)
+        self.dirty = set(state.get("dirty", ())) if self.hier is None else set()
         self.total_numel = state.get("total_numel")
         self.total_bytes_sent = int(state.get("total_bytes_sent", 0))
         self.total_bytes_received = int(state.get("total_bytes_received", 0))

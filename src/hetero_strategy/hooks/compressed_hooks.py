@@ -57,13 +57,17 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     # take the plain all-reduce.
     if mode == "warmup" or (state.hier is None and state.all_dense()):
         return _warmup(state, bucket, mode)
-    if state.hier is None and mode == "compressed" and state.cost is not None:
-        plan = state.plan(step, [g.numel() for g in bucket.gradients()])
-        # the whole bucket goes dense because compressing does not pay, and it holds no residual
-        # to flush (none is ever kept for it): the plain all-reduce, with no codec work at all
-        if all(plan[3]) and not state.memory.holds(state.memory.keys(bucket)):
-            state._acc_fallback += bucket.buffer().numel()
-            return _warmup(state, bucket, "dense_fallback")
+    if state.hier is None and state.cost is not None:
+        keys = state.memory.keys(bucket)
+        clean = state.dirty.isdisjoint(keys)
+        if clean and mode == "dense":  # a dense sync with no residual to flush: the plain all-reduce
+            return _warmup(state, bucket, mode)
+        if clean and mode == "compressed":
+            plan = state.plan(step, [g.numel() for g in bucket.gradients()])
+            # every parameter goes whole because compressing does not pay: no codec work at all
+            if all(plan[3]):
+                state._acc_fallback += bucket.buffer().numel()
+                return _warmup(state, bucket, "dense_fallback")
     state._scale(bucket, clip=True)
     if state.hier is not None:
         return hierarchical_exchange(state, bucket, step, mode, _compress)
@@ -78,8 +82,12 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     if mode == "compressed":
         sparse, ks, caps, whole = state.plan(step, sizes)
         state._acc_fallback += sum(n for n, w in zip(sizes, whole) if w)
-    else:
+        if state.hier is None:  # which parameters may now hold a residual (agreed: from the plan)
+            for key, is_sparse in zip(state.memory.keys(bucket), sparse):
+                (state.dirty.add if is_sparse else state.dirty.discard)(key)
+    else:  # the periodic dense sync flushes every residual of the bucket
         sparse, ks, caps = [False] * len(sizes), sizes, sizes
+        state.dirty.difference_update(state.memory.keys(bucket))
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
     acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
     marker = nonfinite_marker(acc)

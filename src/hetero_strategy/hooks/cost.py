@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
+from hetero_strategy.hooks.exchange import nonfinite_marker
 from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
 
 __all__ = ["CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
-_PROBE_DENSITY = 0.01
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,17 @@ class CompressionCost:
                 f"per entry (dense costs {4e9 / self.link_bytes_per_s:.3g} ns per entry)")
 
 
-def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", repeats: int = 3) -> float:
+def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", density: float = 0.05,
+                                    repeats: int = 3) -> float:
     """This rank's cost per entry of the hook's compressing work on a synthetic bucket (best of
-    ``repeats``): error-feedback add, per-parameter selection at 1%, the residual write."""
+    ``repeats``): error-feedback add, non-finite marker, per-parameter selection at ``density``,
+    the residual write."""
     gen = torch.Generator().manual_seed(0)
     grad = torch.randn(_PROBE_NUMEL, generator=gen).to(device)
     residual = torch.zeros(_PROBE_NUMEL, device=device)
     sizes = [_PROBE_NUMEL // 4] * 4  # a few parameters, as in a real bucket
     offsets = [i * sizes[0] for i in range(4)]
-    ks = [max(1, int(n * _PROBE_DENSITY)) for n in sizes]
+    ks = [max(1, int(n * density)) for n in sizes]
     best = float("inf")
     for _ in range(repeats + 1):  # the first call warms caches and allocations up
         buf = grad.clone()
@@ -72,8 +74,9 @@ def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto",
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         acc = ef_accumulate_(buf, residual, 1.0, backend)
+        marker = nonfinite_marker(acc)
         TopKCodec.select_segments_(acc, offsets, sizes, ks, ks, backend)
-        residual.copy_(acc)
+        torch.where(torch.isnan(marker), residual, acc, out=residual)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)
@@ -82,9 +85,14 @@ def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto",
 
 
 def measure_compression_cost(process_group: dist.ProcessGroup | None, device: torch.device,
-                             backend: str = "auto") -> CompressionCost:
-    """Link bandwidth and codec cost, the group's slowest (collective: every rank calls it)."""
-    codec = torch.tensor([measure_codec_seconds_per_entry(device, backend)], dtype=torch.float64, device=device)
+                             backend: str = "auto", density: float = 0.05) -> CompressionCost:
+    """Link bandwidth and codec cost, the group's slowest (collective: every rank calls it).
+
+    Decisions follow timings, so a parameter near the threshold may go whole in one run and sparse
+    in another: use ``dense_fallback=False`` where runs must be bitwise reproducible.
+    """
+    codec = torch.tensor([measure_codec_seconds_per_entry(device, backend, density)], dtype=torch.float64,
+                         device=device)
     dist.all_reduce(codec, op=dist.ReduceOp.MAX, group=process_group)
     # agreed inside (the slowest rank's time); 20 ms is enough to tell a fast link from a slow one
     gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)

@@ -86,10 +86,6 @@ class ResidualMemory:
         self._slots[index] = _Slot(keys, flat)
         return flat
 
-    def holds(self, keys: tuple[int, ...]) -> bool:
-        """Whether any of these parameters has a residual (kept, or loaded from a checkpoint)."""
-        return any(k in self._views or k in self._pending for k in keys)
-
     def has(self, index: int) -> bool:
         return index in self._slots
 

@@ -2,6 +2,7 @@
 
 Lifecycle (each step is a small override of ``DDPStrategy``)::
 
+    setup_environment     -> the runtime, and this rank's dtype under precision_policy
     setup                 -> remember the user's use_distributed_sampler; we place samplers ourselves
     _register_ddp_hooks   -> register our comm hook on every device (Lightning does it on CUDA only)
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
@@ -98,6 +99,14 @@ class HeteroStrategy(DDPStrategy):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
                                   "comm hook; choose a codec with compression=... instead")
+        if self.hetero_config.precision.precision_policy is not None:
+            if precision_plugin is not None:
+                raise ConfigError(f"precision_plugin={precision_plugin!r} is invalid with precision_policy="
+                                  f"{self.hetero_config.precision.precision_policy!r}: the policy installs its own "
+                                  "plugin; drop one of them")
+            from hetero_strategy.lightning.precision import HeteroPrecision
+
+            precision_plugin = HeteroPrecision(lambda: self.runtime)
         # Gradients as views into DDP's buckets: no copy of the whole gradient into the buckets
         # and back each step (measurable on a slow device). Pass False to get DDP's default back.
         kwargs.setdefault("gradient_as_bucket_view", True)
@@ -162,6 +171,14 @@ class HeteroStrategy(DDPStrategy):
         connector = trainer._accelerator_connector
         self._use_distributed_sampler = connector.use_distributed_sampler
         connector.use_distributed_sampler = False
+        policy = self.hetero_config.precision.precision_policy
+        if policy is not None and connector._precision_flag != "32-true":
+            # NOTE: Lightning would silently ignore Trainer(precision=...) beside our plugin
+            raise ConfigError(f"Trainer(precision={connector._precision_flag!r}) conflicts with precision_policy="
+                              f"{policy!r}: the policy picks each rank's dtype; drop Trainer's precision "
+                              "(or drop precision_policy to let Lightning decide)")
+        if self.runtime.precision is not None:
+            self.runtime.precision.keep_fp32(trainer.lightning_module)
         super().setup(trainer)
 
     @override
@@ -171,6 +188,7 @@ class HeteroStrategy(DDPStrategy):
         super().setup_environment()
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
+        self._runtime.setup_precision(self.root_device)
 
     @override
     def _register_ddp_hooks(self) -> None:

@@ -49,8 +49,9 @@ class CoordinatedScaler:
         norms = torch._foreach_norm(grads)  # a NaN/inf entry makes its norm NaN/inf
         return not bool(torch.isfinite(torch.stack(norms)).all())
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step ``optimizer`` unless the reduced gradient is non-finite; update the scale. True if stepped.
+    def step(self, optimizer: torch.optim.Optimizer, step_fn=None) -> bool:
+        """Step ``optimizer`` (or call ``step_fn``) unless the reduced gradient is non-finite; update
+        the scale. True if stepped.
 
         Every rank reaches the same decision: the gradients it checks are the reduction's result.
         """
@@ -61,7 +62,7 @@ class CoordinatedScaler:
             for p in params:  # a skipped step leaves nothing behind for the next one
                 p.grad = None
         else:
-            optimizer.step()
+            (step_fn or optimizer.step)()
         self.update(skip)
         return not skip
 

@@ -20,6 +20,7 @@ It works on bare ``torch.nn.parallel.DistributedDataParallel``; nothing here imp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.precision import RankPrecision
 from hetero_strategy.runtime.loaders import hetero_train_loader, probe_batch, train_loader_batch_size
 from hetero_strategy.runtime.planner import plan_batch_sizes
 from hetero_strategy.runtime.timer import StepTimer
@@ -68,6 +70,8 @@ class HeteroRuntime:
         self.sampler: HeteroBatchSampler | None = None
         self.balancer: OnlineBalancer | None = None
         self.timer = StepTimer()
+        self.precision: RankPrecision | None = None
+        self._loss_scaled = False
         self.local_batch = 0
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self._batch_open = False
@@ -88,6 +92,16 @@ class HeteroRuntime:
         self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
         self._restore_pending()
         ddp_model.register_comm_hook(self.hook_state, hook)
+
+    def setup_precision(self, device: Any, model: Any = None, device_info: Any = None) -> RankPrecision | None:
+        """This rank's dtype under ``precision_policy`` (None: the framework's own precision)."""
+        if self.config.precision.precision_policy is None:
+            return None
+        self.precision = RankPrecision.build(self.config.precision, self.rank, self.world_size, device, device_info)
+        if model is not None:
+            self.precision.keep_fp32(model)
+        self._restore_pending()
+        return self.precision
 
     def train_loader(self, loader: DataLoader, *, seed: int, measure: Measure | None = None,
                      shuffle: bool | None = None, all_ranks: bool = False, accumulate: int = 1) -> DataLoader:
@@ -148,6 +162,8 @@ class HeteroRuntime:
                 self.local_batch = plan.sizes[self.rank]
                 if self.hook_state is not None:
                     self.hook_state.set_local_batch(self.local_batch, plan.global_batch)
+        if self.precision is not None and self.hook_state is not None:
+            self.hook_state.set_loss_scale(self.precision.scaler.scale)  # unscaled in the hook
         self.timer.batch_start()
         self._batch_open = True
 
@@ -179,6 +195,27 @@ class HeteroRuntime:
         if new is not None:
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """This rank's autocast (nothing without a precision policy)."""
+        return contextlib.nullcontext() if self.precision is None else self.precision.autocast()
+
+    def scale_loss(self, loss: Any) -> Any:
+        """The loss to call backward on: scaled on fp16 ranks, as is elsewhere."""
+        self._loss_scaled = True
+        return loss if self.precision is None else self.precision.scaler.scale_loss(loss)
+
+    def optimizer_step(self, optimizer: Any, step_fn: Callable[[], Any] | None = None) -> bool:
+        """Step unless the reduced gradient is non-finite (then every rank skips); True if stepped."""
+        if self.precision is None:
+            (step_fn or optimizer.step)()
+            return True
+        if self.precision.scaler.enabled and not self._loss_scaled:
+            raise RuntimeError("hetero: this fp16 rank's loss was not scaled, but its gradient is unscaled in the "
+                               "comm hook; call backward on runtime.scale_loss(loss) (Accelerate: "
+                               "plugin.backward(loss))")
+        self._loss_scaled = False
+        return self.precision.scaler.step(optimizer, step_fn)
 
     @staticmethod
     def metrics_due(step: int, every: int) -> bool:
@@ -230,7 +267,8 @@ class HeteroRuntime:
 
     def _parts(self) -> dict[str, Any]:
         """The checkpointed parts by key (None until built)."""
-        return {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer}
+        return {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer,
+                "scaler": None if self.precision is None else self.precision.scaler}
 
     def _restore_pending(self) -> None:
         for key, part in self._parts().items():

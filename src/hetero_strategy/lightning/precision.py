@@ -1,0 +1,46 @@
+"""Lightning's precision plugin for a hetero precision policy: forwards to the runtime.
+
+The strategy installs it when ``precision_policy`` is set. Each rank autocasts in its own dtype;
+only fp16 ranks scale the loss; the comm hook unscales each contribution before the reduction;
+the optimizer steps unless the reduced gradient is non-finite, on every rank alike. Gradient
+clipping (``Trainer(gradient_clip_val=...)``) sees true-unit gradients: they arrive unscaled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from typing import Any
+
+from lightning.pytorch.plugins.precision import Precision
+from typing_extensions import override
+
+__all__ = ["HeteroPrecision"]
+
+
+class HeteroPrecision(Precision):
+    """Per-rank autocast and coordinated loss scaling (see :mod:`hetero_strategy.precision`)."""
+
+    precision = "hetero"
+
+    def __init__(self, runtime: Callable[[], Any]) -> None:
+        self._runtime = runtime  # the strategy's HeteroRuntime, built once the environment is set up
+
+    @override
+    @contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        with self._runtime().autocast():
+            yield
+
+    @override
+    def pre_backward(self, tensor: Any, module: Any) -> Any:
+        return super().pre_backward(self._runtime().scale_loss(tensor), module)
+
+    @override
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+        closure_result = closure()  # forward, backward, and the hook's reduction
+        if closure_result is None and getattr(model, "automatic_optimization", True):
+            return closure_result  # training_step returned None: Lightning skipped backward
+        self._after_closure(model, optimizer)  # on_before_optimizer_step, gradient clipping
+        self._runtime().optimizer_step(optimizer, lambda: optimizer.step(**kwargs))
+        return closure_result

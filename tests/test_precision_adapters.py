@@ -1,0 +1,60 @@
+"""precision_policy through Lightning's HeteroStrategy (2 gloo ranks, bf16 beside fp32) and the
+refusals of a conflicting framework precision, in Lightning and Accelerate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_utils import run_distributed
+from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
+
+from hetero_strategy import ConfigError
+
+
+def _fit(rank: int, world: int, policy) -> dict:
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    model = Regressor()
+    strategy = HeteroStrategy(batch_sizes=[3, 13], precision_policy=policy)
+    trainer = L.Trainer(strategy=strategy, max_steps=20, **trainer_kwargs())
+    trainer.fit(model, loader(make_data(320), batch_size=8))
+    rp = strategy.runtime.precision
+    return {"weights": [p.detach().clone() for p in model.net.parameters()], "dtype": rp.dtype,
+            "history": rp.scaler.history}
+
+
+def test_lightning_bf16_beside_fp32_stays_in_sync_and_near_fp32():
+    ranks = run_distributed(_fit, 2, ["bf16", "fp32"], timeout=240)
+    assert [r["dtype"] for r in ranks] == ["bf16", "fp32"]
+    assert len(ranks[0]["history"]) == 20  # every optimizer step went through the coordinated step
+    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
+        assert torch.equal(a, b)
+    want = one_process_sgd(make_data(320), global_batch=16, steps=20)
+    for got, ref in zip(ranks[0]["weights"], want.parameters()):
+        torch.testing.assert_close(got, ref.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_lightning_refuses_a_conflicting_trainer_precision():
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[8], precision_policy="auto"), precision="bf16-mixed",
+                        max_steps=1, **trainer_kwargs(devices=1))
+    with pytest.raises(ConfigError, match=r"Trainer\(precision='bf16-mixed'\) conflicts with precision_policy='auto'"):
+        trainer.fit(Regressor(), loader(make_data(16), batch_size=8))
+
+
+def test_accelerate_refuses_mixed_precision_beside_a_policy():
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    net = torch.nn.Linear(5, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    plugin = HeteroPlugin(batch_sizes=[8], precision_policy="bf16")
+    with pytest.raises(ConfigError, match="mixed_precision='bf16' conflicts with precision_policy='bf16'"):
+        plugin.prepare(accelerator, net, opt, loader(make_data(16), batch_size=8))
