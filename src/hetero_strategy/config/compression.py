@@ -54,6 +54,10 @@ class CompressionConfig:
     """topk/tiered: measure the link and the codec when the hook is built, and send a parameter
     densely where compressing it would take longer than sending it (a fast link; metric
     comm/dense_fallback). False compresses whatever the link."""
+    pipeline_stages: int | str = "auto"
+    """topk/tiered: cut each bucket into this many chunks of whole parameters (1-8) and start each
+    chunk's exchange as soon as it is encoded, so the codec overlaps the communication; "auto"
+    takes ceil(T_codec / T_comm) + 1 from the dense_fallback measurement (1 without it)."""
     powersgd_rank: int = 4
     """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
     overlap_comm: bool = True
@@ -107,6 +111,9 @@ class CompressionConfig:
             _fail("compression_backend", self.compression_backend, "choose auto, triton or torch")
         if not isinstance(self.dense_fallback, bool):
             _fail("dense_fallback", self.dense_fallback, "must be true or false")
+        if self.pipeline_stages != "auto" and (isinstance(self.pipeline_stages, bool) or not isinstance(
+                self.pipeline_stages, int) or not 1 <= self.pipeline_stages <= 8):
+            _fail("pipeline_stages", self.pipeline_stages, "use auto or an integer from 1 (no pipelining) to 8")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
         if not isinstance(self.overlap_comm, bool):
             _fail("overlap_comm", self.overlap_comm, "must be true or false")

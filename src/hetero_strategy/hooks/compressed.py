@@ -200,6 +200,19 @@ class CompressedState(WeightedReduceState):
             caps.append(cap if pays else n)
         return sparse, mine, caps, whole
 
+    def stages_for(self, sizes: "list[int]", sparse: "list[bool]", caps: "list[int]") -> int:
+        """Chunks to cut a bucket into (``pipeline_stages``); "auto": ceil(T_codec / T_comm) + 1,
+        1 to 8, from the measured codec and link (the same on every rank), 1 without a measurement."""
+        stages = self.config.pipeline_stages
+        if stages != "auto":
+            return stages
+        if self.cost is None or not any(sparse):
+            return 1
+        t_codec = self.cost.codec_s_per_entry * sum(sizes)
+        wire = sum(c * self.world if s else c for c, s in zip(caps, sparse))  # entries, as in sparse_pays
+        t_comm = 4.0 * wire / self.cost.link_bytes_per_s
+        return min(8, max(1, math.ceil(t_codec / max(t_comm, 1e-12)) + 1))
+
     def metrics(self) -> dict[str, float]:
         """Last step's communication, for a logger: bytes sent/received by this rank, density."""
         return {"comm/bytes_sent": float(self.last_bytes_sent), "comm/bytes_received": float(self.last_bytes_received),

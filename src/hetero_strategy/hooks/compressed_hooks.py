@@ -16,7 +16,7 @@ import torch.distributed as dist
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.codecs import SignCodec, TopKCodec, ef_accumulate, ef_accumulate_
 from hetero_strategy.hooks.compressed import CompressedState
-from hetero_strategy.hooks.exchange import exchange_topk, nonfinite_marker
+from hetero_strategy.hooks.exchange import Chunk, chunk_bounds, finish_exchange, issue_chunk, nonfinite_marker
 from hetero_strategy.hooks.hierarchy import hierarchical_exchange
 
 __all__ = ["onebit_hook", "topk_hook"]
@@ -89,7 +89,25 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
         sparse, ks, caps = [False] * len(sizes), sizes, sizes
         state.dirty.difference_update(state.memory.keys(bucket))
     residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
-    acc = ef_accumulate_(buf, residual, policy.gamma, state.config.compression_backend)  # (n,) fp32, in buf
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    pending = []
+    # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
+    # overlaps them (one chunk unless pipeline_stages asks for more)
+    for lo, hi in chunk_bounds(sizes, state.stages_for(sizes, sparse, caps)):
+        start, end = offsets[lo], offsets[hi - 1] + sizes[hi - 1]
+        chunk = _encode(state, buf[start:end], residual[start:end], start, sizes[lo:hi], sparse[lo:hi],
+                        ks[lo:hi], caps[lo:hi], policy.gamma)
+        pending.append(issue_chunk(state, chunk))
+    return finish_exchange(state, bucket, mode, pending)
+
+
+def _encode(state: CompressedState, buf: torch.Tensor, residual: torch.Tensor, start: int, sizes: "list[int]",
+            sparse: "list[bool]", ks: "list[int]", caps: "list[int]", gamma: float) -> Chunk:
+    """Error feedback, selection and the residual update of one chunk of whole parameters."""
+    backend = state.config.compression_backend
+    acc = ef_accumulate_(buf, residual, gamma, backend)  # (m,) fp32, in buf when it is fp32
     marker = nonfinite_marker(acc)
     # acc becomes what stays in the residual: sent entries are zeroed in place below
     offsets = [0]
@@ -97,11 +115,10 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
         offsets.append(offsets[-1] + n)
     picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
     values, indices = [], []
-    if picked:  # every sparse parameter of the bucket in one selection (k = 0: padding only)
+    if picked:  # every sparse parameter of the chunk in one selection (k = 0: padding only)
         v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
-                                          [ks[j] for j in picked], [caps[j] for j in picked],
-                                          state.config.compression_backend)
-        values, indices = [v], [i]
+                                          [ks[j] for j in picked], [caps[j] for j in picked], backend)
+        values, indices = [v], [i.add_(start)]  # bucket-relative
     dense_parts, sent_entries = [], sum(ks[j] for j in picked)
     for j, is_sparse in enumerate(sparse):
         if is_sparse:
@@ -115,7 +132,7 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
             dense_parts.append(torch.zeros_like(seg))
     # never store a non-finite step (one pass, written in place)
     torch.where(torch.isnan(marker), residual, acc, out=residual)
-    return exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
+    return Chunk(start, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
 
 
 def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -144,7 +161,8 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
     marker = nonfinite_marker(acc)
     if mode == "dense":  # periodic full-precision sync flushes the residual
         residual.copy_(torch.where(torch.isnan(marker), residual, torch.zeros_like(acc)))
-        return exchange_topk(state, bucket, mode, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
+        chunk = Chunk(0, sizes, [False] * len(sizes), [acc], [], [], marker, acc.numel())
+        return finish_exchange(state, bucket, mode, [issue_chunk(state, chunk)])
     payload, kept = SignCodec.compress(acc.add(marker), sizes)  # a NaN marker makes the scales NaN
     residual.copy_(torch.where(torch.isnan(marker), residual, kept))
     fut, gathered, sent = comm.all_gather(payload, state.exchange_group)

@@ -1,24 +1,32 @@
-"""The Top-K exchange of one bucket: issue the collectives now, decode when they complete.
+"""The Top-K exchange of one bucket, in chunks: issue each chunk's collectives as soon as it is
+encoded, decode the whole bucket when the last one completes.
 
-At most two collectives per bucket, issued from the hook call in the same order on every rank
-(gloo requires it): one all-gather of every sparse parameter's values + int32 indices, one
-all-reduce of the dense parameters. A non-finite marker (0 or NaN, a (1,) tensor computed on the
-device, no host sync) rides in one of them, so a NaN/inf on any rank marks the bucket everywhere.
+A bucket is cut into *chunks* of whole parameters (:func:`chunk_bounds`; one chunk unless
+``pipeline_stages`` asks for more). Per chunk at most two collectives, issued from the hook call
+in the same order on every rank (gloo requires it): one all-gather of its sparse parameters'
+values + int32 indices, one all-reduce of its dense parameters. While chunk i is on the wire the
+hook encodes chunk i+1: the codec overlaps the communication. Selection is per parameter, so the
+result does not depend on the chunking (tested bitwise on 2 ranks).
+
+A non-finite marker (0 or NaN, a (1,) tensor computed on the device, no host sync) rides in each
+chunk's payload; any chunk's NaN on any rank marks the whole bucket NaN everywhere.
 
 Example::
 
-    marker = nonfinite_marker(acc)            # (1,) fp32
-    fut = exchange_topk(state, bucket, "compressed", sizes, sparse, dense_parts, values, indices,
-                        marker, sent_entries)  # fut.value(): the reduced (n,) bucket
+    chunk = Chunk(start, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
+    pending = [issue_chunk(state, chunk)]               # at once: the collectives start
+    fut = finish_exchange(state, bucket, mode, pending)  # fut.value(): the reduced (n,) bucket
 """
 
 # NOTE: no `from __future__ import annotations`, like the hook modules (DDP inspects annotations).
+from dataclasses import dataclass
+
 import torch
 
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.codecs import TopKCodec
 
-__all__ = ["exchange_topk", "nonfinite_marker"]
+__all__ = ["Chunk", "chunk_bounds", "finish_exchange", "issue_chunk", "nonfinite_marker"]
 
 
 def nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
@@ -29,40 +37,87 @@ def nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
     return torch.where(bad, torch.full((1,), float("nan"), device=acc.device), torch.zeros(1, device=acc.device))
 
 
-def exchange_topk(state, bucket, mode, sizes, sparse, dense_parts, values, indices, marker, sent_entries):
-    """Issue the (at most two) collectives now, in the same order on every rank; decode later."""
-    buf = bucket.buffer()
-    numel, dtype, group = buf.numel(), buf.dtype, state.exchange_group
+def chunk_bounds(sizes: "list[int]", stages: int) -> "list[tuple[int, int]]":
+    """Parameter index ranges [a, b) cutting a bucket into at most ``stages`` chunks of about equal
+    entries (never inside a parameter: selection is per parameter)."""
+    total = sum(sizes)
+    bounds, start, seen = [], 0, 0
+    for j, n in enumerate(sizes):
+        seen += n
+        # close a chunk once it reaches its share of the bucket
+        if len(bounds) < stages - 1 and seen >= total * (len(bounds) + 1) / stages and j + 1 < len(sizes):
+            bounds.append((start, j + 1))
+            start = j + 1
+    bounds.append((start, len(sizes)))
+    return bounds
+
+
+@dataclass
+class Chunk:
+    """One encoded chunk: parameters ``sizes`` from bucket offset ``start``."""
+
+    start: int
+    sizes: "list[int]"
+    sparse: "list[bool]"
+    dense_parts: "list[torch.Tensor]"
+    values: "list[torch.Tensor]"
+    indices: "list[torch.Tensor]"  # bucket-relative
+    marker: torch.Tensor
+    sent_entries: int
+
+
+@dataclass
+class _Pending:
+    chunk: Chunk
+    futs: "list[torch.futures.Future]"
+    gathered: "torch.Tensor | None"
+    reduced: "torch.Tensor | None"
+    nbytes: int
+
+
+def issue_chunk(state, chunk: Chunk) -> _Pending:
+    """Start the chunk's (at most two) collectives now; the marker rides in the gather if any."""
+    group = state.exchange_group
     gathered = reduced = None
     futs, nbytes = [], 0
-    if values:  # marker rides in the gather when there is one, else in the all-reduce
-        payload = torch.cat([TopKCodec.pack(torch.cat(values), torch.cat(indices)), marker])
+    if chunk.values:
+        payload = torch.cat([TopKCodec.pack(torch.cat(chunk.values), torch.cat(chunk.indices)), chunk.marker])
         fut, gathered, sent = comm.all_gather(payload, group)
         futs.append(fut)
         nbytes += sent
-    if dense_parts or not values:
-        reduced = torch.cat(dense_parts + ([] if values else [marker]))
+    if chunk.dense_parts or not chunk.values:
+        reduced = torch.cat(chunk.dense_parts + ([] if chunk.values else [chunk.marker]))
         fut, sent = comm.all_reduce(reduced, group)
         futs.append(fut)
         nbytes += sent
-    state._account(bucket, "sparse" if values else mode, nbytes, sent_entries)
+    return _Pending(chunk, futs, gathered, reduced, nbytes)
+
+
+def finish_exchange(state, bucket, mode: str, pending: "list[_Pending]") -> torch.futures.Future:
+    """Account the bucket's bytes now; decode every chunk into the bucket once all have arrived."""
+    buf = bucket.buffer()
+    numel, dtype = buf.numel(), buf.dtype
+    sparse_any = any(p.chunk.values for p in pending)
+    state._account(bucket, "sparse" if sparse_any else mode, sum(p.nbytes for p in pending),
+                   sum(p.chunk.sent_entries for p in pending))
 
     def decode(_f: torch.futures.Future) -> torch.Tensor:
         # the bucket's buffer is free again (payloads were copied out): decode into it
         out = buf.zero_() if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
-        offset, pos = 0, 0
-        for n, is_sparse in zip(sizes, sparse):
-            if not is_sparse:
-                out[offset:offset + n] = reduced[pos:pos + n]
-                pos += n
-            offset += n
-        if gathered is not None:
-            TopKCodec.decompress(gathered[:, :-1], numel, state.config.compression_backend, out=out)
-            out.add_(gathered[:, -1].sum())  # any rank's NaN marks the whole bucket
-        else:
-            out.add_(reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
+        markers = []
+        for p in pending:
+            c, offset, pos = p.chunk, p.chunk.start, 0
+            for n, is_sparse in zip(c.sizes, c.sparse):
+                if not is_sparse:
+                    out[offset:offset + n] = p.reduced[pos:pos + n]
+                    pos += n
+                offset += n
+            if p.gathered is not None:
+                TopKCodec.decompress(p.gathered[:, :-1], numel, state.config.compression_backend, out=out)
+                markers.append(p.gathered[:, -1].sum())  # any rank's NaN
+            else:
+                markers.append(p.reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
+        out.add_(torch.stack(markers).sum())  # any chunk's NaN marks the whole bucket
         return out.to(dtype)
 
-    return torch.futures.collect_all(futs).then(decode)
-
-
+    return torch.futures.collect_all([f for p in pending for f in p.futs]).then(decode)
