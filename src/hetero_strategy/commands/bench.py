@@ -15,8 +15,8 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices) or "
-        "accelerate (the plugin's overhead).")
+HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
+        "accelerate (the plugin's overhead) or overlap (pipelined Top-K).")
 
 __all__ = ["HELP", "MODES", "NAME", "add_arguments", "run"]
 
@@ -25,6 +25,7 @@ MODES = {
     "compression": "dense fp32 vs fp16 vs PowerSGD vs Top-K vs tiered: step time, bytes, convergence",
     "balance": "capacity-sized batches vs plain DDP on an emulated heterogeneous cluster",
     "accelerate": "HeteroPlugin (equal shares) vs plain Accelerate DDP: the plugin's per-step overhead",
+    "overlap": "pipelined Top-K: the codec against the exchange, overlap efficiency per stage count",
 }
 
 

@@ -1,0 +1,108 @@
+"""One rank of ``hetero-strategy bench overlap``: the Top-K hook's codec against its exchange.
+
+On a synthetic bucket of ``--params`` parameters (``--numel`` entries in all), per round and in
+turn: the codec alone (encode every chunk, send nothing), the exchange alone (the encoded chunks'
+collectives, no codec), and the whole hook at each stage count. Ranks meet at a barrier before
+each timing, so every timing covers the same collective on both ranks.
+
+Example (what each rank runs inside the emulated cluster)::
+
+    python -m hetero_strategy.benchmarks_impl.overlap_worker --out /tmp/overlap.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["main"]
+
+
+class _Bucket:
+    """The few GradBucket methods the hook's exchange uses, over one flat fp32 buffer."""
+
+    def __init__(self, flat: torch.Tensor, sizes: list[int], params: list[torch.Tensor]) -> None:
+        self._flat, self._sizes, self._params = flat, sizes, params
+
+    def buffer(self) -> torch.Tensor:
+        return self._flat
+
+    def gradients(self) -> list[torch.Tensor]:
+        return list(self._flat.split(self._sizes))
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+
+def _timed(fn) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hetero_strategy.hooks import CompressedState
+    from hetero_strategy.hooks.compressed_hooks import _compress, _encode
+    from hetero_strategy.hooks.exchange import finish_exchange, issue_chunk
+
+    p = argparse.ArgumentParser(prog="overlap_worker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--numel", type=int, default=1 << 24)
+    p.add_argument("--params", type=int, default=16)
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    try:
+        sizes = [args.numel // args.params] * args.params
+        grad = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(dist.get_rank()))
+        params = [torch.empty(0) for _ in sizes]
+        states = {s: CompressedState(method="topk", dense_fallback=False, base_density=args.density,
+                                     min_density=args.density, density_schedule="constant", dense_warmup_steps=1,
+                                     dense_sync_every=0, pipeline_stages=s) for s in args.stages}
+        one = states[args.stages[0]]
+
+        def bucket() -> _Bucket:
+            return _Bucket(grad.clone(), sizes, params)
+
+        def encode_only():
+            b = bucket()
+            sparse, ks, caps, _ = one.plan(1, sizes)
+            residual = one.memory.residual(0, one.memory.keys(b), b.gradients())
+            return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)
+
+        out = {"codec_s": [], "comm_s": [], **{f"hook_s_stages_{s}": [] for s in args.stages}}
+        for _ in range(args.rounds + 1):  # the first round warms up and is dropped
+            b, chunk = encode_only()
+            out["codec_s"].append(_timed(encode_only))
+            out["comm_s"].append(_timed(lambda b=b, chunk=chunk: finish_exchange(
+                one, b, "compressed", [issue_chunk(one, chunk)]).wait()))
+            for s, st in states.items():
+                out[f"hook_s_stages_{s}"].append(_timed(lambda st=st: _compress(st, bucket(), 1, "compressed").wait()))
+        out = {k: v[1:] for k, v in out.items()}
+        out["setup"] = {"numel": sum(sizes), "params": args.params, "density": args.density,
+                        "world": dist.get_world_size(), "bytes_per_rank": one.last_bytes_sent}
+        if dist.get_rank() == 0:
+            with open(args.out, "w") as f:
+                json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
