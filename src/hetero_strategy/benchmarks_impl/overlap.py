@@ -1,6 +1,6 @@
 """``hetero-strategy bench overlap``: does the pipelined Top-K hook overlap its codec with its exchange?
 
-Two ranks on the emulated cluster (``--link``, default 100 Mbit/s, where a 16M-entry bucket at 1%
+Two ranks on the emulated cluster (``--link``, default 100 Mbit/s, where a 16M-entry bucket at 2%
 takes about as long on the wire as in the codec on one CPU core), or on loopback with ``--local``.
 Per round, in turn (:mod:`.overlap_worker`): the codec alone (T_codec), the exchange alone (T_comm)
 and the whole hook at each stage count (T_hook). Overlap efficiency =
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", default="100mbit", help="emulated link rate of both ranks")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (the first is dropped)")
     parser.add_argument("--numel", type=int, default=1 << 24, help="entries in the synthetic bucket")
-    parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
+    parser.add_argument("--density", type=float, default=0.02, help="Top-K density")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4, 8], help="stage counts to time")
     parser.add_argument("--local", action="store_true", help="loopback instead of the emulated cluster (no root)")
 
