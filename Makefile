@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint clean bench-balance bench-compression bench-kernels
+.PHONY: install demo test lint clean bench-balance bench-compression bench-kernels gpu-check
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ bench-compression: install
 
 bench-kernels: install
 	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/kernels.json
+
+# Everything that needs a GPU, in one run and one JSON (under 5 minutes on a lent GPU).
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py --json benchmarks/results/gpu_check.json
 
 lint: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
