@@ -42,7 +42,9 @@ HOOKS = {  # name: flat config fields
     "tiered": dict(compression="tiered", tiers=["eth1g"], dense_fallback=False, dense_warmup_steps=1),
     "onebit": dict(compression="onebit", dense_warmup_steps=1),
     "topk_pipelined": dict(compression="topk", dense_fallback=False, dense_warmup_steps=1, pipeline_stages=4),
-    "topk_density_1": dict(compression="topk", dense_fallback=False, base_density=1.0, min_density=1.0),
+    # one warm-up step of 4: the other three run the Top-K path at density 1
+    "topk_density_1": dict(compression="topk", dense_fallback=False, base_density=1.0, min_density=1.0,
+                           dense_warmup_steps=1),
 }
 
 

@@ -27,13 +27,17 @@ def _net() -> nn.Module:
 def _train(rank: int, world: int, method: str) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    from hetero_strategy.hooks import CompressedState, topk_hook
+    from hetero_strategy.hooks import CompressedState, compressed_hooks, topk_hook
+    from hetero_strategy.precision import CoordinatedScaler
 
     init_gloo(rank, world)
+    issued, real_issue = [], compressed_hooks.issue_chunk
+    compressed_hooks.issue_chunk = lambda *a: issued.append(1) or real_issue(*a)  # count chunks
     x = torch.randn(64, 7, generator=torch.Generator().manual_seed(rank))
     y = torch.randn(64, 3, generator=torch.Generator().manual_seed(10 + rank))
-    out = {}
+    out, chunks = {}, {}
     for stages in STAGES:
+        issued.clear()
         model = DistributedDataParallel(_net())
         extra = dict(tiers=["ib", "eth1g"], tier_overrides=OVERRIDES) if method == "tiered" else {}
         state = CompressedState(method=method, dense_fallback=False, base_density=0.3, min_density=0.05,
@@ -41,22 +45,31 @@ def _train(rank: int, world: int, method: str) -> dict:
         state.set_local_batch([16, 48][rank], 64)
         model.register_comm_hook(state, topk_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = CoordinatedScaler(enabled=False)  # skips a non-finite step on every rank
         for s in range(7):
+            # step 3: an inf in one parameter's gradient on rank 1 only: the other chunks are finite
+            handle = model.module[2].bias.register_hook(lambda g: g * float("inf")) if s == 3 and rank else None
             nn.functional.mse_loss(model(x[s * 8:(s + 1) * 8]), y[s * 8:(s + 1) * 8]).backward()
-            opt.step()
+            if handle is not None:
+                handle.remove()
+            scaler.step(opt)
             opt.zero_grad()
         out[stages] = [p.detach().clone() for p in model.parameters()]
-    return out
+        chunks[stages] = len(issued)
+    return {"weights": out, "chunks": chunks, "skipped": scaler.skipped_steps}
 
 
 @pytest.mark.parametrize("method", ["topk", "tiered"])
 def test_pipelined_exchange_equals_one_chunk_bitwise(method):
     ranks = run_distributed(_train, 2, method, timeout=180)
     for rank in ranks:
+        assert rank["skipped"] == 1  # the inf step, on both ranks
         for stages in STAGES[1:]:
-            for a, b in zip(rank[stages], rank[1]):
+            for a, b in zip(rank["weights"][stages], rank["weights"][1]):
                 assert torch.equal(a, b), f"{stages} stages differ from one chunk"
-    for a, b in zip(ranks[0][5], ranks[1][5]):
+        # 6 parameters in one bucket: the chunks really were cut (7 steps, the first one dense)
+        assert rank["chunks"][1] == 6 and rank["chunks"][3] == 6 * 3 and rank["chunks"][8] > 6 * 3
+    for a, b in zip(ranks[0]["weights"][5], ranks[1]["weights"][5]):
         assert torch.equal(a, b)
 
 

@@ -1,7 +1,8 @@
 """Per-device precision on bare DDP (2 gloo ranks, batches [3, 13]): mixed dtypes stay in sync.
 
 * rank 0 autocasts in bf16, rank 1 in fp32: after 20 steps the ranks hold bitwise-equal weights,
-  within bf16 tolerance of one-process fp32 SGD (dense) or of the all-fp32 run (Top-K);
+  within bf16 tolerance of one-process fp32 SGD (dense) or of the all-fp32 run of the same
+  compression (Top-K, 1-bit, fp16 wire, PowerSGD);
 * rank 0 in fp16 with loss scaling, an inf injected into rank 1's loss at step 7: both ranks skip
   exactly that step, rank 0's scale follows a hand-computed history, rank 1 is never scaled.
 """
@@ -24,16 +25,15 @@ def _train(rank: int, world: int, policy: list[str], method: str, inject_at: int
            steps: int = STEPS) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    from hetero_strategy.hooks import CompressedState, WeightedReduceState, topk_hook, weighted_allreduce_hook
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.hooks import build_comm_hook
 
     init_gloo(rank, world)
     x, y = make_data(sum(SIZES) * steps).tensors
     model = DistributedDataParallel(make_net())
-    if method == "topk":
-        state, hook = CompressedState(method="topk", dense_fallback=False, base_density=0.3, min_density=0.3,
-                                      dense_warmup_steps=2), topk_hook
-    else:
-        state, hook = WeightedReduceState(), weighted_allreduce_hook
+    fields = {"topk": dict(dense_fallback=False, base_density=0.3, min_density=0.3, dense_warmup_steps=2),
+              "onebit": dict(dense_warmup_steps=2)}.get(method, {})
+    state, hook = build_comm_hook(HeteroConfig.from_flat(compression=method, **fields), None, max_steps=steps)
     model.register_comm_hook(state, hook)
     cfg = PrecisionConfig(precision_policy=policy, init_scale=256.0, growth_interval=3)
     rp = RankPrecision.build(cfg, rank, world, torch.device("cpu"))
@@ -51,7 +51,7 @@ def _train(rank: int, world: int, policy: list[str], method: str, inject_at: int
         rp.scaler.scale_loss(loss).backward()
         stepped.append(rp.scaler.step(opt))
         opt.zero_grad()
-    return {"weights": [p.detach().clone() for p in model.parameters()], "history": rp.scaler.history,
+    return {"weights": [p.detach().clone() for p in model.parameters()], "history": list(rp.scaler.history),
             "stepped": stepped, "dtype": rp.dtype}
 
 
@@ -68,22 +68,22 @@ def _one_process(skip: set[int], steps: int) -> nn.Module:
     return net
 
 
-@pytest.mark.parametrize("method", ["dense", "topk"])
+@pytest.mark.parametrize("method", ["none", "topk", "onebit", "fp16", "powersgd"])
 def test_bf16_beside_fp32_stays_in_sync_and_near_fp32(method):
     ranks = run_distributed(_train, 2, ["bf16", "fp32"], method, timeout=180)
     assert [r["dtype"] for r in ranks] == ["bf16", "fp32"]
     for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
         assert torch.equal(a, b), "ranks must hold bitwise-identical weights"
-    if method == "dense":
+    if method == "none":
         want = list(one_process_sgd(make_data(sum(SIZES) * STEPS), global_batch=16, steps=STEPS).parameters())
-    else:  # the same Top-K exchange with both ranks in fp32
+    else:  # the same compressed exchange with both ranks in fp32
         want = run_distributed(_train, 2, ["fp32", "fp32"], method, timeout=180)[0]["weights"]
     for got, ref in zip(ranks[0]["weights"], want):
         torch.testing.assert_close(got, ref.detach(), rtol=2e-2, atol=2e-2)  # bf16 keeps 8 mantissa bits
     assert all(h == 1.0 for r in ranks for h in r["history"])  # bf16 and fp32 are never scaled
 
 
-@pytest.mark.parametrize("method", ["dense", "topk"])
+@pytest.mark.parametrize("method", ["none", "topk"])
 def test_an_inf_on_the_fp32_rank_skips_the_step_everywhere_and_backs_off_the_fp16_scale(method):
     ranks = run_distributed(_train, 2, ["fp16", "fp32"], method, 7, 12, timeout=180)
     for r in ranks:
@@ -93,7 +93,7 @@ def test_an_inf_on_the_fp32_rank_skips_the_step_everywhere_and_backs_off_the_fp1
     assert ranks[1]["history"] == [1.0] * 12
     for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
         assert torch.equal(a, b)
-    if method == "dense":
+    if method == "none":
         for got, ref in zip(ranks[0]["weights"], _one_process({7}, 12).parameters()):
             torch.testing.assert_close(got, ref.detach(), rtol=5e-3, atol=5e-3)  # fp16: 11 mantissa bits
 

@@ -17,18 +17,22 @@ def _fit(rank: int, world: int, policy) -> dict:
     from hetero_strategy import HeteroStrategy
 
     model = Regressor()
-    strategy = HeteroStrategy(batch_sizes=[3, 13], precision_policy=policy)
+    # a small first scale: 2^16 overflows this model's fp16 gradients (then steps are skipped)
+    strategy = HeteroStrategy(batch_sizes=[3, 13], precision_policy=policy, init_scale=256.0)
     trainer = L.Trainer(strategy=strategy, max_steps=20, **trainer_kwargs())
     trainer.fit(model, loader(make_data(320), batch_size=8))
     rp = strategy.runtime.precision
     return {"weights": [p.detach().clone() for p in model.net.parameters()], "dtype": rp.dtype,
-            "history": rp.scaler.history}
+            "history": list(rp.scaler.history)}
 
 
-def test_lightning_bf16_beside_fp32_stays_in_sync_and_near_fp32():
-    ranks = run_distributed(_fit, 2, ["bf16", "fp32"], timeout=240)
-    assert [r["dtype"] for r in ranks] == ["bf16", "fp32"]
+@pytest.mark.parametrize("policy", [["bf16", "fp32"], ["fp16", "fp32"]])
+def test_lightning_mixed_dtypes_stay_in_sync_and_near_fp32(policy):
+    ranks = run_distributed(_fit, 2, policy, timeout=240)
+    assert [r["dtype"] for r in ranks] == policy
     assert len(ranks[0]["history"]) == 20  # every optimizer step went through the coordinated step
+    scaled = 256.0 if policy[0] == "fp16" else 1.0  # only the fp16 rank scales (no overflow at 256)
+    assert ranks[0]["history"] == [scaled] * 20 and ranks[1]["history"] == [1.0] * 20
     for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
         assert torch.equal(a, b)
     want = one_process_sgd(make_data(320), global_batch=16, steps=20)

@@ -70,6 +70,7 @@ class HeteroPlugin:
         self.runtime: HeteroRuntime | None = None
         self.accelerator: Any = None
         self.last_metrics: dict[str, float] = {}
+        self._optimizers: list[Any] = []
 
     # ---- prepare -------------------------------------------------------------------------
     def prepare(self, accelerator: Any, *objects: Any, loss_fn: LossFn | None = None,
@@ -137,8 +138,9 @@ class HeteroPlugin:
         on_device = [(send_to_device(b, self.accelerator.device), n) for b, n in batches]
         fn = loss_fn or default_loss
         try:
-            return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
-                                   with_comm=with_comm)
+            with self.runtime.autocast():  # timed in the dtype this rank will train in
+                return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
+                                       with_comm=with_comm)
         except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
             if loss_fn is not None:
                 raise
@@ -151,23 +153,36 @@ class HeteroPlugin:
         from accelerate.scheduler import AcceleratedScheduler
 
         optimizers = [o for o in prepared if isinstance(o, AcceleratedOptimizer)]
+        self._optimizers = [o.optimizer for o in optimizers]
         if optimizers:
             # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
             # step, after accumulation, and never on a step GradScaler skipped.
-            inner = optimizers[0].optimizer
-            inner.register_step_post_hook(lambda *_: self._after_step())
-            if self.runtime.precision is not None:
-                real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
-
-                def step(*args: Any, **kwargs: Any) -> None:
-                    if not self.runtime.optimizer_step(inner, lambda: real(*args, **kwargs)):
-                        self._after_step()  # skipped on every rank: the step still ended
-
-                inner.step = step
+            optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
+        if self.runtime.precision is not None:
+            for accelerated in optimizers:  # every optimizer skips alike when any rank overflowed
+                self._gate_step(accelerated, counts=accelerated is optimizers[0])
         for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
             # NOTE: Accelerate steps the schedule num_processes times per optimizer step (its batch
             # is B per process). hetero keeps the one-process run with batch G, which steps once.
             scheduler.split_batches = True
+
+    def _gate_step(self, accelerated: Any, counts: bool) -> None:
+        inner = accelerated.optimizer
+        real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
+
+        def step(*args: Any, **kwargs: Any) -> None:
+            if counts:  # the first optimizer owns the scale update and the step count
+                stepped = self.runtime.optimizer_step(inner, lambda: real(*args, **kwargs))
+            else:  # the others follow the same reduced-gradient check, without moving the scale
+                stepped = not self.runtime.precision.scaler.found_inf(
+                    [p for g in inner.param_groups for p in g["params"]])
+                if stepped:
+                    real(*args, **kwargs)
+            accelerated._is_overflow = not stepped  # AcceleratedScheduler then holds the schedule too
+            if not stepped and counts:
+                self._after_step()  # skipped on every rank: the step still ended
+
+        inner.step = step
 
     # ---- per step ------------------------------------------------------------------------
     def autocast(self) -> Any:
@@ -175,8 +190,17 @@ class HeteroPlugin:
         return self.runtime.autocast()
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
-        """``accelerator.backward`` of the loss, scaled on fp16 ranks (needed with precision_policy)."""
+        """``accelerator.backward`` of the loss, scaled on fp16 ranks (needed with precision_policy).
+
+        After the micro-batch that syncs, the overflow decision is taken from the reduced gradient
+        right away, so clipping by value before ``optimizer.step()`` cannot hide an inf.
+        """
         self.accelerator.backward(self.runtime.scale_loss(loss), **kwargs)
+        if self.runtime.precision is not None and self.accelerator.sync_gradients:
+            self.runtime.check_overflow(p for group in self._param_groups() for p in group["params"])
+
+    def _param_groups(self) -> list[dict]:
+        return [g for opt in self._optimizers for g in opt.param_groups]
 
     def _after_step(self) -> None:
         self.runtime.step_end()

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             b = bucket()
             sparse, ks, caps, _ = one.plan(1, sizes)
             residual = one.memory.residual(0, one.memory.keys(b), b.gradients())
-            return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)
+            return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)[0]
 
         out = {"codec_s": [], "comm_s": [], **{f"hook_s_stages_{s}": [] for s in args.stages}}
         for _ in range(args.rounds + 1):  # the first round warms up and is dropped

@@ -92,20 +92,27 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     offsets = [0]
     for n in sizes[:-1]:
         offsets.append(offsets[-1] + n)
-    pending = []
+    pending, kept = [], []
     # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
     # overlaps them (one chunk unless pipeline_stages asks for more)
     for lo, hi in chunk_bounds(sizes, state.stages_for(sizes, sparse, caps)):
         start, end = offsets[lo], offsets[hi - 1] + sizes[hi - 1]
-        chunk = _encode(state, buf[start:end], residual[start:end], start, sizes[lo:hi], sparse[lo:hi],
-                        ks[lo:hi], caps[lo:hi], policy.gamma)
+        chunk, acc = _encode(state, buf[start:end], residual[start:end], start, sizes[lo:hi], sparse[lo:hi],
+                             ks[lo:hi], caps[lo:hi], policy.gamma)
         pending.append(issue_chunk(state, chunk))
+        kept.append((residual[start:end], acc))
+    # never store a non-finite step: a NaN anywhere in this rank's bucket keeps all of its old
+    # residual (as one chunk would), so the chunking cannot change what a skipped step leaves behind
+    bad = torch.isnan(torch.stack([p.chunk.marker for p in pending]).sum())
+    for res, acc in kept:
+        torch.where(bad, res, acc, out=res)
     return finish_exchange(state, bucket, mode, pending)
 
 
 def _encode(state: CompressedState, buf: torch.Tensor, residual: torch.Tensor, start: int, sizes: "list[int]",
-            sparse: "list[bool]", ks: "list[int]", caps: "list[int]", gamma: float) -> Chunk:
-    """Error feedback, selection and the residual update of one chunk of whole parameters."""
+            sparse: "list[bool]", ks: "list[int]", caps: "list[int]", gamma: float) -> "tuple[Chunk, torch.Tensor]":
+    """Error feedback and selection of one chunk of whole parameters; (the chunk, acc with its sent
+    entries zeroed: the chunk's new residual once the bucket is known to be finite)."""
     backend = state.config.compression_backend
     acc = ef_accumulate_(buf, residual, gamma, backend)  # (m,) fp32, in buf when it is fp32
     marker = nonfinite_marker(acc)
@@ -130,9 +137,7 @@ def _encode(state: CompressedState, buf: torch.Tensor, residual: torch.Tensor, s
             sent_entries += sizes[j]
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
-    # never store a non-finite step (one pass, written in place)
-    torch.where(torch.isnan(marker), residual, acc, out=residual)
-    return Chunk(start, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
+    return Chunk(start, sizes, sparse, dense_parts, values, indices, marker, sent_entries), acc
 
 
 def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -6,7 +6,9 @@ A bucket is cut into *chunks* of whole parameters (:func:`chunk_bounds`; one chu
 in the same order on every rank (gloo requires it): one all-gather of its sparse parameters'
 values + int32 indices, one all-reduce of its dense parameters. While chunk i is on the wire the
 hook encodes chunk i+1: the codec overlaps the communication. Selection is per parameter, so the
-result does not depend on the chunking (tested bitwise on 2 ranks).
+result does not depend on the chunking (tested bitwise on 2 ranks; with more ranks gloo's ring
+may sum a dense part's entries in another order, so results can differ in the last bit, while
+every rank still agrees).
 
 A non-finite marker (0 or NaN, a (1,) tensor computed on the device, no host sync) rides in each
 chunk's payload; any chunk's NaN on any rank marks the whole bucket NaN everywhere.

@@ -41,6 +41,8 @@ class HeteroPrecision(Precision):
         closure_result = closure()  # forward, backward, and the hook's reduction
         if closure_result is None and getattr(model, "automatic_optimization", True):
             return closure_result  # training_step returned None: Lightning skipped backward
-        self._after_closure(model, optimizer)  # on_before_optimizer_step, gradient clipping
-        self._runtime().optimizer_step(optimizer, lambda: optimizer.step(**kwargs))
+        # on_before_optimizer_step and gradient clipping run only when the step goes ahead: the
+        # overflow check comes first, since clipping by value would make an inf look finite
+        self._runtime().optimizer_step(optimizer, lambda: optimizer.step(**kwargs),
+                                       before_step=lambda: self._after_closure(model, optimizer))
         return closure_result

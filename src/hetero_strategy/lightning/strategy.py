@@ -219,8 +219,9 @@ class HeteroStrategy(DDPStrategy):
     def _measure(self, batches: list[tuple[Any, int]], with_comm: bool) -> StepCost | None:
         """The probe of the real model's training_step, batches moved to this rank's device."""
         on_device = [(self.batch_to_device(b, dataloader_idx=0), n) for b, n in batches]
-        return probe_lightning_module(self.lightning_module, on_device, self.hetero_config.balance.probe_steps,
-                                      with_comm=with_comm)
+        with self.runtime.autocast():  # timed in the dtype this rank will train in
+            return probe_lightning_module(self.lightning_module, on_device, self.hetero_config.balance.probe_steps,
+                                          with_comm=with_comm)
 
     # ---- per step ------------------------------------------------------------------------
     @override

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from dataclasses import dataclass
 
@@ -67,25 +66,43 @@ class RankPrecision:
         return torch.autocast(self.device_type, dtype=self.torch_dtype)
 
     def keep_fp32(self, module: nn.Module) -> int:
-        """Make the keep-list's submodules run in fp32 (autocast off, inputs cast up); returns how many."""
+        """Make the keep-list's submodules run in fp32 (autocast off, inputs cast up); returns how many.
+
+        Forward hooks, not a patched ``forward``: a deep copy (EMA, SWA) keeps its own weights and
+        the model still pickles.
+        """
         if self.dtype == "fp32":
             return 0
         count = 0
         for sub in module.modules():
             if type(sub).__name__ in self.keep and not getattr(sub, "_hetero_fp32", False):
-                sub.forward = _in_fp32(sub.forward, self.device_type)
+                region = _Fp32Region(self.device_type)
+                sub.register_forward_pre_hook(region.enter, with_kwargs=True)
+                sub.register_forward_hook(region.exit, always_call=True)
                 sub._hetero_fp32 = True
                 count += 1
         return count
 
 
-def _in_fp32(forward, device_type: str):
-    @functools.wraps(forward)
-    def run(*args, **kwargs):
-        def up(x):
-            return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+def _up(x):
+    return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
-        with torch.autocast(device_type, enabled=False):
-            return forward(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
 
-    return run
+class _Fp32Region:
+    """Autocast off and floating inputs in fp32 between a module's pre- and post-forward hooks."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self._open: list = []  # NOTE: a stack: a module may run inside itself (recursion, re-entry)
+
+    def enter(self, _module, args, kwargs):
+        ctx = torch.autocast(self.device_type, enabled=False)
+        ctx.__enter__()
+        self._open.append(ctx)
+        return tuple(_up(a) for a in args), {k: _up(v) for k, v in kwargs.items()}
+
+    def exit(self, _module, _args, _output):
+        self._open.pop().__exit__(None, None, None)  # always_call: also when forward raised
+
+    def __getstate__(self):
+        return {"device_type": self.device_type, "_open": []}

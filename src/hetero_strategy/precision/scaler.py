@@ -20,6 +20,9 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import warnings
+
 import torch
 
 __all__ = ["CoordinatedScaler"]
@@ -35,7 +38,7 @@ class CoordinatedScaler:
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.good_steps = 0
         self.skipped_steps = 0
-        self.history: list[float] = []  # the scale after each step, for logs and tests
+        self.history: collections.deque[float] = collections.deque(maxlen=10_000)  # the scale after each step
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
@@ -49,14 +52,19 @@ class CoordinatedScaler:
         norms = torch._foreach_norm(grads)  # a NaN/inf entry makes its norm NaN/inf
         return not bool(torch.isfinite(torch.stack(norms)).all())
 
-    def step(self, optimizer: torch.optim.Optimizer, step_fn=None) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, step_fn=None, before_step=None,
+             found_inf: bool | None = None) -> bool:
         """Step ``optimizer`` (or call ``step_fn``) unless the reduced gradient is non-finite; update
         the scale. True if stepped.
 
         Every rank reaches the same decision: the gradients it checks are the reduction's result.
+        ``before_step`` (e.g. gradient clipping) runs only when the step goes ahead: checked after
+        clipping by value, an inf would look finite. ``found_inf`` is a decision already taken.
         """
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        skip = self.found_inf(params)
+        skip = self.found_inf(params) if found_inf is None else found_inf
+        if not skip and before_step is not None:
+            before_step()
         if skip:
             self.skipped_steps += 1
             for p in params:  # a skipped step leaves nothing behind for the next one
@@ -80,9 +88,16 @@ class CoordinatedScaler:
         self.history.append(self.scale)
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps, "skipped_steps": self.skipped_steps}
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped_steps": self.skipped_steps,
+                "enabled": self.enabled}
 
     def load_state_dict(self, state: dict) -> None:
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if bool(state.get("enabled", self.enabled)) != self.enabled:
+            # NOTE: this rank's dtype changed since the checkpoint (policy edited, ranks moved to other
+            # devices): another dtype's scale would unscale a loss that was never scaled
+            warnings.warn(f"loss scaler: the checkpoint's scaler was {'on' if state.get('enabled') else 'off'} "
+                          f"but this rank's is {'on' if self.enabled else 'off'}; its scale starts fresh", stacklevel=2)
+            return
         self.scale = float(state["scale"])
         self.good_steps = int(state["good_steps"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))

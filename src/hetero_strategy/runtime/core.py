@@ -72,6 +72,7 @@ class HeteroRuntime:
         self.timer = StepTimer()
         self.precision: RankPrecision | None = None
         self._loss_scaled = False
+        self._found_inf: bool | None = None
         self.local_batch = 0
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self._batch_open = False
@@ -162,8 +163,6 @@ class HeteroRuntime:
                 self.local_batch = plan.sizes[self.rank]
                 if self.hook_state is not None:
                     self.hook_state.set_local_batch(self.local_batch, plan.global_batch)
-        if self.precision is not None and self.hook_state is not None:
-            self.hook_state.set_loss_scale(self.precision.scaler.scale)  # unscaled in the hook
         self.timer.batch_start()
         self._batch_open = True
 
@@ -203,19 +202,35 @@ class HeteroRuntime:
     def scale_loss(self, loss: Any) -> Any:
         """The loss to call backward on: scaled on fp16 ranks, as is elsewhere."""
         self._loss_scaled = True
-        return loss if self.precision is None else self.precision.scaler.scale_loss(loss)
-
-    def optimizer_step(self, optimizer: Any, step_fn: Callable[[], Any] | None = None) -> bool:
-        """Step unless the reduced gradient is non-finite (then every rank skips); True if stepped."""
         if self.precision is None:
+            return loss
+        if self.hook_state is not None:  # this backward's contribution is unscaled in the hook
+            self.hook_state.set_loss_scale(self.precision.scaler.scale)
+        return self.precision.scaler.scale_loss(loss)
+
+    def check_overflow(self, params: Any) -> bool:
+        """Decide now, from the reduced gradient, whether this step is skipped (before any clipping)."""
+        self._found_inf = self.precision is not None and self.precision.scaler.found_inf(list(params))
+        return self._found_inf
+
+    def optimizer_step(self, optimizer: Any, step_fn: Callable[[], Any] | None = None,
+                       before_step: Callable[[], Any] | None = None) -> bool:
+        """Step unless the reduced gradient is non-finite (then every rank skips); True if stepped.
+
+        ``before_step`` (gradient clipping, the framework's pre-step hook) runs only if it steps.
+        """
+        if self.precision is None:
+            if before_step is not None:
+                before_step()
             (step_fn or optimizer.step)()
             return True
-        if self.precision.scaler.enabled and not self._loss_scaled:
-            raise RuntimeError("hetero: this fp16 rank's loss was not scaled, but its gradient is unscaled in the "
-                               "comm hook; call backward on runtime.scale_loss(loss) (Accelerate: "
-                               "plugin.backward(loss))")
-        self._loss_scaled = False
-        return self.precision.scaler.step(optimizer, step_fn)
+        if not self._loss_scaled:
+            # NOTE: raised on every rank alike (all run the same code), so no rank is left waiting
+            raise RuntimeError("hetero: with precision_policy the loss must go through runtime.scale_loss(loss) "
+                               "before backward (Accelerate: plugin.backward(loss)): fp16 ranks scale it there "
+                               "and the comm hook unscales their gradients")
+        self._loss_scaled, found, self._found_inf = False, self._found_inf, None
+        return self.precision.scaler.step(optimizer, step_fn, before_step, found_inf=found)
 
     @staticmethod
     def metrics_due(step: int, every: int) -> bool:
