@@ -138,3 +138,36 @@ def test_the_keep_list_runs_in_fp32_under_autocast():
         hidden = net[0](torch.randn(2, 4))
         out = net(torch.randn(2, 4))
     assert hidden.dtype == torch.bfloat16 and out.dtype == torch.float32
+
+
+def test_the_keep_list_survives_deepcopy_and_pickle():
+    import copy
+    import pickle
+
+    rp = RankPrecision.build(PrecisionConfig(precision_policy="bf16"), 0, 1, torch.device("cpu"))
+    net = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    rp.keep_fp32(net)
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        twin[1].weight.fill_(3.0)  # the copy must run its own weights, not the original's
+    x = torch.randn(2, 4)
+    with rp.autocast():
+        a, b = net(x), twin(x)
+    assert a.dtype == b.dtype == torch.float32 and not torch.allclose(a, b)
+    again = pickle.loads(pickle.dumps(net))
+    with rp.autocast():
+        assert again(x).dtype == torch.float32
+
+
+def test_a_scaler_whose_dtype_changed_starts_fresh():
+    from hetero_strategy.precision import CoordinatedScaler
+
+    fp16 = CoordinatedScaler(enabled=True, init_scale=1024.0)
+    fp16.update(found_inf=True)  # 512
+    bf16 = CoordinatedScaler(enabled=False)
+    with pytest.warns(UserWarning, match="starts fresh"):
+        bf16.load_state_dict(fp16.state_dict())
+    assert bf16.scale == 1.0 and bf16.scale_loss(torch.tensor(2.0)).item() == 2.0
+    again = CoordinatedScaler(enabled=True, init_scale=1024.0)
+    again.load_state_dict(fp16.state_dict())
+    assert again.scale == 512.0
