@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 from dist_utils import init_gloo, run_distributed
 
 
@@ -38,3 +39,29 @@ def test_time_to_accuracy_charges_the_bytes_and_counts_the_wire():
     # 283k parameters: dense ring all-reduce on 2 ranks sends 4 B per parameter per step
     assert r0["dense_fp32"][0]["hook_bytes_per_step"] == 4 * 283_786
     assert r0["topk"][0]["hook_bytes_per_step"] < r0["dense_fp32"][0]["hook_bytes_per_step"] / 5
+
+
+def test_overlap_efficiency_by_hand():
+    from hetero_strategy.benchmarks_impl.overlap import summarise
+
+    # codec 0.4 s, exchange 0.3 s: a serial hook takes 0.7 s (0), a perfect one 0.4 s (1)
+    raw = {"codec_s": [0.4, 0.4], "comm_s": [0.3, 0.3], "hook_s_stages_1": [0.7, 0.7],
+           "hook_s_stages_4": [0.4, 0.55], "setup": {}}
+    out = summarise(raw)
+    assert out["stages"][1]["efficiency"] == pytest.approx(0.0)
+    assert out["stages"][4]["efficiency_spread"] == pytest.approx([0.5, 1.0])
+    assert out["stages"][4]["speedup_vs_one_stage"] == pytest.approx(0.7 / 0.475)
+
+
+def test_overlap_bench_runs_on_loopback(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "overlap.json"
+    proc = subprocess.run([sys.executable, "-m", "hetero_strategy.cli", "bench", "overlap", "--local", "--numel",
+                           "100000", "--rounds", "1", "--stages", "1", "3", "--json", str(out)],
+                          check=False, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["stages"]) == {"1", "3"} and report["setup"]["link"] == "loopback"

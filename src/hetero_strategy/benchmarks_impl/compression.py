@@ -51,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(labelled as computed in the JSON; compression is then forced on)")
 
 
-def _local(args: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-    """Two ranks on loopback (unshaped)."""
+def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
+           worker: list[str] | None = None) -> None:
+    """Two ranks of ``worker`` (default: this bench's) on loopback (unshaped)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -62,7 +63,7 @@ def _local(args: list[str], timeout: float, env: dict[str, str] | None = None) -
                  LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         e.pop("HETERO_TIER", None)
         e.update(env or {})
-        procs.append(subprocess.Popen([*_WORKER, *args], env=e))
+        procs.append(subprocess.Popen([*(worker or _WORKER), *args], env=e))
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:

@@ -17,7 +17,6 @@ Example (what the bench runs on each rank of a 2-rank emulated cluster)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import time
@@ -28,6 +27,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hetero_strategy.benchmarks_impl._ranks import gloo_job
 from hetero_strategy.benchmarks_impl.compression_e2e import converge, interface_tx_bytes
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import CompressedState, PowerSGDBaselineState, powersgd_weighted_hook, topk_hook
@@ -151,19 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier-overrides", type=json.loads, default=None,
                    help='tiered policy overrides as JSON, e.g. {"eth1g": {"exchange_every": 1}}')
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    try:
-        hooks = functools.partial(make_hook, base_density=args.base_density, overrides=args.tier_overrides,
-                                  fallback=not args.no_fallback, warmup=args.warmup, min_density=args.min_density)
-        result = _steptime(args, hooks) if args.job == "steptime" else converge(args, hooks)
-        if dist.get_rank() == 0:
-            with open(args.out, "w") as f:
-                json.dump(result, f)
-    finally:
-        dist.destroy_process_group()
-    return 0
-
+    hooks = functools.partial(make_hook, base_density=args.base_density, overrides=args.tier_overrides,
+                              fallback=not args.no_fallback, warmup=args.warmup, min_density=args.min_density)
+    return gloo_job(args.out, lambda: _steptime(args, hooks) if args.job == "steptime" else converge(args, hooks))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if args.local:
             from hetero_strategy.benchmarks_impl.compression import _local
 
-            _local(argv[len(_WORKER):], timeout=900)
+            _local(argv[len(_WORKER):], timeout=900, worker=_WORKER)
         else:
             from hetero_strategy.emulate import EmulatedCluster
 

@@ -13,12 +13,12 @@ Example (what each rank runs inside the emulated cluster)::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import time
 
 import torch
 import torch.distributed as dist
+
+from hetero_strategy.benchmarks_impl._ranks import gloo_job
 
 __all__ = ["main"]
 
@@ -53,10 +53,6 @@ def _timed(fn) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hetero_strategy.hooks import CompressedState
-    from hetero_strategy.hooks.compressed_hooks import _compress, _encode
-    from hetero_strategy.hooks.exchange import finish_exchange, issue_chunk
-
     p = argparse.ArgumentParser(prog="overlap_worker")
     p.add_argument("--out", required=True)
     p.add_argument("--numel", type=int, default=1 << 24)
@@ -65,44 +61,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    try:
-        sizes = [args.numel // args.params] * args.params
-        grad = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(dist.get_rank()))
-        params = [torch.empty(0) for _ in sizes]
-        states = {s: CompressedState(method="topk", dense_fallback=False, base_density=args.density,
-                                     min_density=args.density, density_schedule="constant", dense_warmup_steps=1,
-                                     dense_sync_every=0, pipeline_stages=s) for s in args.stages}
-        one = states[args.stages[0]]
+    return gloo_job(args.out, lambda: _measure(args))
 
-        def bucket() -> _Bucket:
-            return _Bucket(grad.clone(), sizes, params)
 
-        def encode_only():
-            b = bucket()
-            sparse, ks, caps, _ = one.plan(1, sizes)
-            residual = one.memory.residual(0, one.memory.keys(b), b.gradients())
-            return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)[0]
+def _measure(args: argparse.Namespace) -> dict:
+    from hetero_strategy.hooks import CompressedState
+    from hetero_strategy.hooks.compressed_hooks import _compress, _encode
+    from hetero_strategy.hooks.exchange import finish_exchange, issue_chunk
 
-        out = {"codec_s": [], "comm_s": [], **{f"hook_s_stages_{s}": [] for s in args.stages}}
-        for _ in range(args.rounds + 1):  # the first round warms up and is dropped
-            b, chunk = encode_only()
-            out["codec_s"].append(_timed(encode_only))
-            out["comm_s"].append(_timed(lambda b=b, chunk=chunk: finish_exchange(
-                one, b, "compressed", [issue_chunk(one, chunk)]).wait()))
-            for s, st in states.items():
-                out[f"hook_s_stages_{s}"].append(_timed(lambda st=st: _compress(st, bucket(), 1, "compressed").wait()))
-        out = {k: v[1:] for k, v in out.items()}
-        out["setup"] = {"numel": sum(sizes), "params": args.params, "density": args.density,
-                        "world": dist.get_world_size(), "bytes_per_rank": one.last_bytes_sent}
-        if dist.get_rank() == 0:
-            with open(args.out, "w") as f:
-                json.dump(out, f)
-    finally:
-        dist.destroy_process_group()
-    return 0
+    sizes = [args.numel // args.params] * args.params
+    grad = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(dist.get_rank()))
+    params = [torch.empty(0) for _ in sizes]
+    states = {s: CompressedState(method="topk", dense_fallback=False, base_density=args.density,
+                                 min_density=args.density, density_schedule="constant", dense_warmup_steps=1,
+                                 dense_sync_every=0, pipeline_stages=s) for s in args.stages}
+    one = states[args.stages[0]]
 
+    def bucket() -> _Bucket:
+        return _Bucket(grad.clone(), sizes, params)
+
+    def encode_only():
+        b = bucket()
+        sparse, ks, caps, _ = one.plan(1, sizes)
+        residual = one.memory.residual(0, one.memory.keys(b), b.gradients())
+        return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)[0]
+
+    out = {"codec_s": [], "comm_s": [], **{f"hook_s_stages_{s}": [] for s in args.stages}}
+    for _ in range(args.rounds + 1):  # the first round warms up and is dropped
+        b, chunk = encode_only()
+        out["codec_s"].append(_timed(encode_only))
+        out["comm_s"].append(_timed(lambda b=b, chunk=chunk: finish_exchange(
+            one, b, "compressed", [issue_chunk(one, chunk)]).wait()))
+        for s, st in states.items():
+            out[f"hook_s_stages_{s}"].append(_timed(lambda st=st: _compress(st, bucket(), 1, "compressed").wait()))
+    out = {k: v[1:] for k, v in out.items()}
+    out["setup"] = {"numel": sum(sizes), "params": args.params, "density": args.density,
+                    "world": dist.get_world_size(), "bytes_per_rank": one.last_bytes_sent}
+    return out
 
 if __name__ == "__main__":
     raise SystemExit(main())

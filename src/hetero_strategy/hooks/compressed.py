@@ -43,7 +43,7 @@ from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
-from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
+from hetero_strategy.hooks.tiers import TierPolicy, device_for, exchange_policies
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState"]
@@ -134,9 +134,8 @@ class CompressedState(WeightedReduceState):
         cfg = self.config
         if not cfg.dense_fallback or cfg.method == "onebit" or comm.world_size(process_group) < 2:
             return None
-        device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
-        cost = measure_compression_cost(process_group, device, cfg.compression_backend, cfg.base_density)
+        cost = measure_compression_cost(process_group, device_for(process_group), cfg.compression_backend,
+                                        cfg.base_density)
         big = 1 << 24
         if dist.get_rank() == 0 and not cost.sparse_pays(big, self.schedule.k_for(big, cfg.base_density), self.world):
             log.warning("compression=%r does not pay on this link (%s): gradients are sent densely "

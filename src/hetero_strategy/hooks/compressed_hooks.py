@@ -57,13 +57,13 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     # take the plain all-reduce.
     if mode == "warmup" or (state.hier is None and state.all_dense()):
         return _warmup(state, bucket, mode)
+    plan = None
     if state.hier is None and state.cost is not None:
-        keys = state.memory.keys(bucket)
-        clean = state.dirty.isdisjoint(keys)
+        clean = state.dirty.isdisjoint(state.memory.keys(bucket))
         if clean and mode == "dense":  # a dense sync with no residual to flush: the plain all-reduce
             return _warmup(state, bucket, mode)
         if clean and mode == "compressed":
-            plan = state.plan(step, [g.numel() for g in bucket.gradients()])
+            plan = state.plan(step, [g.numel() for g in bucket.gradients()])  # reused by _compress
             # every parameter goes whole because compressing does not pay: no codec work at all
             if all(plan[3]):
                 state._acc_fallback += bucket.buffer().numel()
@@ -71,24 +71,27 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
     state._scale(bucket, clip=True)
     if state.hier is not None:
         return hierarchical_exchange(state, bucket, step, mode, _compress)
-    return _compress(state, bucket, step, mode)
+    return _compress(state, bucket, step, mode, plan)
 
 
-def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str) -> torch.futures.Future:
-    """Steps 1-4 of :func:`topk_hook` on an already weighted bucket, over ``state.exchange_group``."""
+def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: str,
+              plan: "tuple | None" = None) -> torch.futures.Future:
+    """Steps 1-4 of :func:`topk_hook` on an already weighted bucket, over ``state.exchange_group``
+    (``plan``: this step's :meth:`CompressedState.plan` of the bucket, when already made)."""
     buf, grads = bucket.buffer(), bucket.gradients()
     policy = state.policies[state.rank]
     sizes = [g.numel() for g in grads]
+    keys = state.memory.keys(bucket)
     if mode == "compressed":
-        sparse, ks, caps, whole = state.plan(step, sizes)
+        sparse, ks, caps, whole = plan or state.plan(step, sizes)
         state._acc_fallback += sum(n for n, w in zip(sizes, whole) if w)
         if state.hier is None:  # which parameters may now hold a residual (agreed: from the plan)
-            for key, is_sparse in zip(state.memory.keys(bucket), sparse):
+            for key, is_sparse in zip(keys, sparse):
                 (state.dirty.add if is_sparse else state.dirty.discard)(key)
     else:  # the periodic dense sync flushes every residual of the bucket
         sparse, ks, caps = [False] * len(sizes), sizes, sizes
-        state.dirty.difference_update(state.memory.keys(bucket))
-    residual = state.memory.residual(bucket.index(), state.memory.keys(bucket), grads)  # (n,) fp32
+        state.dirty.difference_update(keys)
+    residual = state.memory.residual(bucket.index(), keys, grads)  # (n,) fp32
     offsets = [0]
     for n in sizes[:-1]:
         offsets.append(offsets[-1] + n)

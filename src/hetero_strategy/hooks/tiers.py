@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
     "TierPolicy",
+    "device_for",
     "exchange_policies",
     "gather_tiers",
     "leader_tiers",
@@ -87,7 +88,7 @@ def measure_bandwidth_gbps(process_group: dist.ProcessGroup | None = None, min_s
     one all-reduce takes >= ``min_seconds`` on the slowest rank, so fast links are not measured by
     latency (and a slow link is not kept busy for long).
     """
-    device = _device_for(process_group)
+    device = device_for(process_group)
     elapsed, nbytes = 0.0, 0
     for numel in (1 << 16, 1 << 20, 1 << 23):  # 256 KiB, 4 MiB, 32 MiB of fp32
         payload = torch.ones(numel, device=device)
@@ -112,7 +113,8 @@ def _host_identity() -> str:
     return f"{socket.gethostname()}|{netns}"
 
 
-def _device_for(process_group: dist.ProcessGroup | None) -> torch.device:
+def device_for(process_group: dist.ProcessGroup | None) -> torch.device:
+    """Where a group's collectives run: this rank's CUDA device on NCCL, else the CPU."""
     if dist.get_backend(process_group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -1,15 +1,10 @@
 """Answers -> an Accelerate config YAML, a hetero config YAML and the commands that launch them.
 
-The Accelerate file is written by Accelerate's own ``ClusterConfig.to_yaml_file`` (what
-``accelerate config`` writes) and holds no hetero key: ``accelerate launch`` refuses unknown
-top-level keys. The hetero settings go to their own file through ``HeteroConfig.to_yaml`` and
-reach the job through ``HETERO_STRATEGY_CONFIG``.
-
-CPU ranks: accelerate 1.15 starts ``distributed_type: MULTI_CPU`` through its simple launcher, i.e.
-ONE process unless mpirun is configured, and its multi-GPU launcher does not pass ``use_cpu`` on to
-the ranks (they then run alone, DistributedType.NO). What starts N gloo ranks that see each other
-is ``distributed_type: MULTI_GPU`` + ``use_cpu: true`` in the file *and* ``ACCELERATE_USE_CPU=true``
-in the environment of ``accelerate launch`` (tests/test_wizard.py runs it).
+The Accelerate file comes from :func:`hetero_strategy.accelerate.launch_config.cluster_config`
+(the adapter owns everything Accelerate-specific, imported only when a file is written); the
+hetero settings go to their own file through ``HeteroConfig.to_yaml`` and reach the job through
+``HETERO_STRATEGY_CONFIG``. On CPU the launch line carries ``ACCELERATE_USE_CPU=true``: see that
+module's docstring for why.
 
 Example::
 
@@ -37,24 +32,12 @@ class ConfigPaths:
 
 
 def accelerate_config(answers: Answers):
-    """The ``accelerate.commands.config.config_args.ClusterConfig`` the answers describe."""
-    from accelerate.commands.config.config_args import ClusterConfig
-    from accelerate.utils import ComputeEnvironment, DistributedType
+    """The Accelerate ``ClusterConfig`` the answers describe."""
+    from hetero_strategy.accelerate.launch_config import cluster_config
 
-    cpu = answers["device"] == "cpu"
-    n, machines = answers.world_size, answers.num_machines
-    # One process on one machine is Accelerate's "no distributed training"; anything more goes
-    # through its multi-GPU (torchrun) launcher, also on CPU (see the module docstring).
-    distributed = DistributedType.MULTI_GPU if n > 1 or machines > 1 else DistributedType.NO
-    return ClusterConfig(
-        compute_environment=ComputeEnvironment.LOCAL_MACHINE, distributed_type=distributed,
-        mixed_precision="no",  # hetero picks the autocast dtype per device, not Accelerate
-        use_cpu=cpu, debug=False, num_processes=n, machine_rank=answers.get("machine_rank", 0),
-        num_machines=machines, gpu_ids="all", main_process_ip=answers.get("main_process_ip"),
-        main_process_port=answers.get("main_process_port"), rdzv_backend="static", same_network=True,
-        main_training_function="main", enable_cpu_affinity=False, downcast_bf16="no",
-        tpu_use_cluster=False, tpu_use_sudo=False, tpu_env=[],
-    )
+    return cluster_config(answers.world_size, answers.num_machines, answers["device"] == "cpu",
+                          machine_rank=answers.get("machine_rank", 0), main_process_ip=answers.get("main_process_ip"),
+                          main_process_port=answers.get("main_process_port"))
 
 
 def hetero_config(answers: Answers) -> HeteroConfig:
