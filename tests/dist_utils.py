@@ -15,13 +15,36 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "init_gloo", "run_distributed"]
+__all__ = ["free_port", "init_gloo", "run_command", "run_distributed"]
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_command(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Any = None) -> tuple[int, str]:
+    """(exit code, output) of a launcher command; on a timeout its whole process tree is killed.
+
+    NOTE: a session of its own, so the ranks a launcher starts die with it.
+    """
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(cmd[:3])} ... timed out after {timeout} s:\n{log[-4000:]}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, log
 
 
 def init_gloo(rank: int, world_size: int) -> None:

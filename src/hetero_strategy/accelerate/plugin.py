@@ -218,6 +218,12 @@ class HeteroPlugin:
         self.last_metrics = self.runtime.metrics()
         return self.last_metrics
 
+    def summary(self) -> dict[str, Any]:
+        """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""
+        if self.runtime is None:
+            raise RuntimeError("HeteroPlugin.summary needs prepare() first")
+        return self.runtime.summary()
+
     @property
     def hook_state(self) -> Any:
         return None if self.runtime is None else self.runtime.hook_state

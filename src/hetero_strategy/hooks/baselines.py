@@ -30,7 +30,7 @@ __all__ = ["CastState", "PowerSGDBaselineState", "cast_hook", "powersgd_weighted
 class CastState(WeightedReduceState):
     """State of :func:`cast_hook`: the wire dtype plus byte accounting (``last_bytes_sent``)."""
 
-    __slots__ = ["_acc_sent", "density", "dtype", "last_bytes_received", "last_bytes_sent"]
+    __slots__ = ["density", "dtype"]
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, dtype: torch.dtype = torch.float16) -> None:
         super().__init__(process_group)
@@ -66,7 +66,7 @@ def cast_hook(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future
 class PowerSGDBaselineState(WeightedReduceState):
     """Wraps ``torch``'s ``PowerSGDState`` so the strategy can weight, log and checkpoint it."""
 
-    __slots__ = ["_acc_sent", "density", "last_bytes_received", "last_bytes_sent", "powersgd"]
+    __slots__ = ["density", "powersgd"]
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, rank: int = 4,
                  start_iter: int = 2, warm_start: bool = True) -> None:

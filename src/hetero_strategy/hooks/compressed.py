@@ -70,10 +70,10 @@ class CompressedState(WeightedReduceState):
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
-        "cost", "memory", "dirty", "total_numel", "_numel_seen", "_acc_sent", "_acc_recv", "_acc_entries", "_acc_numel",
+        "cost", "memory", "dirty", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
         "_acc_fallback",
         # stats
-        "density", "dense_fallback", "last_bytes_sent", "last_bytes_received", "total_bytes_sent", "total_bytes_received",
+        "density", "dense_fallback", "total_bytes_sent", "total_bytes_received",
         "last_modes", "_modes",
     ]  # fmt: skip
 

@@ -11,6 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.hooks import communicator as comm
+
 __all__ = ["WeightedReduceState", "weighted_allreduce_hook"]
 
 
@@ -34,8 +36,11 @@ class WeightedReduceState:
         "_sample_weight",
         "step",
         "_deferred",
+        "_acc_sent",
         # stats
         "last_hook_time",
+        "last_bytes_sent",
+        "last_bytes_received",
     ]
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, overlap: bool = True) -> None:
@@ -50,6 +55,7 @@ class WeightedReduceState:
         self.weight = 1.0 / world
         self.step = 0
         self.last_hook_time: float | None = None
+        self._acc_sent = self.last_bytes_sent = self.last_bytes_received = 0  # wire bytes of the last step
 
     def set_local_batch(self, local_samples: int, global_samples: int) -> None:
         """Weight this rank's gradient by ``local_samples / global_samples`` (0 for padding)."""
@@ -101,18 +107,23 @@ def weighted_allreduce_hook(
     tensor = bucket.buffer()  # (numel,) flat view of the bucket's gradients
     tensor.mul_(state.weight)
     if state.overlap:
-        return _all_reduce(tensor, state.process_group)
-    # Deferred: answer with a placeholder; the last bucket's call issues every bucket's all-reduce
-    # in bucket order (the same order on every rank, all from hook calls, none from callbacks).
-    placeholder: torch.futures.Future = torch.futures.Future()
-    state._deferred.append((tensor, placeholder))
+        out = _all_reduce(state, tensor)
+    else:
+        # Deferred: answer with a placeholder; the last bucket's call issues every bucket's all-reduce
+        # in bucket order (the same order on every rank, all from hook calls, none from callbacks).
+        out = torch.futures.Future()
+        state._deferred.append((tensor, out))
+        if bucket.is_last():
+            for buf, fut in state._deferred:
+                _all_reduce(state, buf).then(lambda f, fut=fut: fut.set_result(f.value()))
+            state._deferred.clear()
     if bucket.is_last():
-        for buf, fut in state._deferred:
-            _all_reduce(buf, state.process_group).then(lambda f, fut=fut: fut.set_result(f.value()))
-        state._deferred.clear()
-    return placeholder
+        state.last_bytes_sent = state.last_bytes_received = state._acc_sent  # ring: receives what it sends
+        state._acc_sent = 0
+    return out
 
 
-def _all_reduce(tensor: torch.Tensor, group: "dist.ProcessGroup | None") -> torch.futures.Future:
-    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+def _all_reduce(state: WeightedReduceState, tensor: torch.Tensor) -> torch.futures.Future:
+    fut, sent = comm.all_reduce(tensor, state.process_group)
+    state._acc_sent += sent
+    return fut.then(lambda f: tensor)

@@ -58,7 +58,7 @@ class HeteroStrategy(DDPStrategy):
         config: a :class:`HeteroConfig`, or the path of a YAML file holding one.
         batch_sizes: explicit per-rank batch sizes (sum = B x world size).
         capacities: relative per-rank capacities; batch sizes are split in proportion.
-        alpha, beta, max_batch_sizes, probe_steps, seed, calibrate, compression: see
+        alpha, beta, max_batch_sizes, probe_steps, seed, calibrate, compression, precision_policy: see
             :class:`HeteroConfig`; any other field of it may be passed as a keyword too.
         **kwargs: remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
     """
@@ -78,6 +78,7 @@ class HeteroStrategy(DDPStrategy):
         seed: int | None = None,
         calibrate: bool | None = None,
         compression: str | None = None,
+        precision_policy: str | list[str] | dict[str, str] | None = None,
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,

@@ -187,7 +187,7 @@ class HeteroRuntime:
         self._close_batch()
         step = self.steps if step is None else step
         self.steps = step + 1
-        self.timer.step_end()
+        self.timer.step_end(getattr(self.hook_state, "last_bytes_sent", 0))
         if self.balancer is None:
             return None
         new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch)
@@ -243,6 +243,11 @@ class HeteroRuntime:
         extra = {label: getattr(self.hook_state, attr) for attr, label in names.items()
                  if isinstance(getattr(self.hook_state, attr, None), (int, float))}
         return self.timer.gather_metrics(self.local_batch, extra)
+
+    def summary(self) -> dict[str, object]:
+        """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""
+        sizes = self.sampler.batch_sizes if self.sampler is not None else [self.local_batch] * self.world_size
+        return self.timer.summary(sizes)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

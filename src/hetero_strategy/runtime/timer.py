@@ -5,6 +5,7 @@ Framework-free: the Lightning and Accelerate adapters call the same timer from t
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from hetero_strategy.balance.probe import all_gather_floats
@@ -32,6 +33,7 @@ class StepTimer:
         self.step_time = 0.0
         self._compute_acc = 0.0
         self.history: list[tuple[float, float]] = []  # (compute_s, step_s) per optimizer step
+        self.bytes_history: list[int] = []  # wire bytes this rank sent per optimizer step
 
     def batch_start(self) -> None:
         self.batch_start_time = time.perf_counter()
@@ -43,12 +45,14 @@ class StepTimer:
         end = last_hook_time if last_hook_time is not None and last_hook_time >= self.batch_start_time else now
         self._compute_acc += end - self.batch_start_time
 
-    def step_end(self) -> None:
+    def step_end(self, bytes_sent: int = 0) -> None:
         now = time.perf_counter()
         self.compute_time = self._compute_acc
         self.step_time = now - (self.window_start if self.window_start is not None else now)
         self.history.append((self.compute_time, self.step_time))
+        self.bytes_history.append(int(bytes_sent))
         del self.history[:-200]  # bounded: calibration uses at most the last 100 steps
+        del self.bytes_history[:-200]
         self._compute_acc = 0.0
         self.window_start = None
 
@@ -71,3 +75,26 @@ class StepTimer:
             metrics[f"hetero/samples_per_s_r{r}"] = b / compute if compute > 0 else 0.0
         metrics["hetero/balance"] = balance([row[1] for row in rows])
         return metrics
+
+    def summary(self, batch_sizes: list[int], last: int = 100) -> dict[str, object]:
+        """The run's figures over its last ``last`` steps, the same on every rank (one all-gather).
+
+        Medians, so the first (warm-up) steps and a stray slow one do not move them:
+        ``samples_per_s`` is the global batch over the slowest rank's median step time,
+        ``balance`` compares the ranks' median compute times, ``bytes_sent_per_step`` is each
+        rank's median wire bytes per optimizer step.
+        """
+        hist, sent = self.history[-last:], self.bytes_history[-last:]
+        mine = [statistics.median(c for c, _ in hist) if hist else 0.0,
+                statistics.median(s for _, s in hist) if hist else 0.0,
+                float(statistics.median(sent)) if sent else 0.0, float(len(hist))]
+        rows = all_gather_floats(mine)
+        step_s = max(row[1] for row in rows)
+        return {
+            "steps": int(min(row[3] for row in rows)),
+            "batch_sizes": list(batch_sizes),
+            "samples_per_s": sum(batch_sizes) / step_s if step_s > 0 else 0.0,
+            "step_s": step_s,
+            "balance": balance([row[0] for row in rows]),
+            "bytes_sent_per_step": [int(row[2]) for row in rows],
+        }

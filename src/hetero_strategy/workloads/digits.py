@@ -29,12 +29,12 @@ def digits_datasets(size: int = 8, test_fraction: float = 0.2, seed: int = 0) ->
     return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
 
 
-def small_resnet(arch: str = "resnet18", num_classes: int = 10) -> nn.Module:
-    """A torchvision ResNet for 1-channel 32x32 input (3x3 stem, no max-pool, as for CIFAR)."""
+def small_resnet(arch: str = "resnet18", num_classes: int = 10, in_channels: int = 1) -> nn.Module:
+    """A torchvision ResNet for 32x32 input (3x3 stem, no max-pool, as for CIFAR)."""
     import torchvision
 
     net = getattr(torchvision.models, arch)(num_classes=num_classes)
-    net.conv1 = nn.Conv2d(1, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()
     return net
 

@@ -1,0 +1,61 @@
+"""ResNet with Accelerate: ``HeteroPlugin`` in a plain training loop.
+
+One machine, 2 CPU ranks, offline (scikit-learn's digits)::
+
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 recipes/resnet_accelerate.py --steps 50
+
+With the wizard's files (``hetero-strategy config`` writes accelerate.yaml and hetero.yaml)::
+
+    hetero-strategy config
+    accelerate launch --config_file accelerate.yaml recipes/resnet_accelerate.py \\
+        --hetero-config hetero.yaml --data cifar10 --download
+
+Two nodes with torchrun (run on each node; ``--node-rank`` 0 and 1)::
+
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr node0 --master-port 29500 \\
+        recipes/resnet_accelerate.py --data cifar10 --compression tiered
+
+SLURM (one ``accelerate launch`` per node)::
+
+    srun --nodes 2 --ntasks-per-node 1 --gpus-per-node 4 bash -c 'accelerate launch --num_machines 2 \\
+        --num_processes 8 --machine_rank $SLURM_NODEID --main_process_ip $(scontrol show hostnames | head -1) \\
+        --main_process_port 29500 recipes/resnet_accelerate.py --data cifar10'
+
+An emulated heterogeneous cluster on one machine (root; slow ranks and slow links)::
+
+    hetero-strategy emulate --preset mixed -- python recipes/resnet_accelerate.py --steps 50
+
+``accelerate launch --cpu --num_processes 2`` starts one process with the current Accelerate; the
+``ACCELERATE_USE_CPU=true ... --multi_gpu`` form above starts two gloo ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate_loop import parser, train
+from vision_task import resnet, vision_datasets
+
+
+def forward_batch(model, batch):
+    x, y = batch
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits, y), logits, y
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--data", choices=["digits", "cifar10"], default="digits")
+    p.add_argument("--data-dir", default="./data")
+    p.add_argument("--download", action="store_true", help="fetch CIFAR-10 into --data-dir if missing")
+    p.add_argument("--arch", default="resnet18")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    args = p.parse_args()
+    train_set, test_set, channels = vision_datasets(args.data, args.data_dir, args.download)
+    model = resnet(args.arch, in_channels=channels, seed=args.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    train(args, model, optimizer, train_set, test_set, forward_batch)
+
+
+if __name__ == "__main__":
+    main()

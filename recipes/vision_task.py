@@ -1,0 +1,43 @@
+"""ResNet's data and model, shared by ``resnet_lightning.py`` and ``resnet_accelerate.py``.
+
+- ``digits`` (default, offline): scikit-learn's bundled 8x8 digits, upsampled to 32x32, 1 channel.
+- ``cifar10``: torchvision's CIFAR-10 in ``data_dir`` (``download=True`` fetches it once).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from hetero_strategy.workloads.digits import digits_datasets, small_resnet
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
+
+
+def vision_datasets(data: str = "digits", data_dir: str = "./data", download: bool = False
+                    ) -> tuple[Dataset, Dataset, int]:
+    """(train, test, input channels) of (image (C, 32, 32), label) pairs."""
+    if data == "digits":
+        train, test = digits_datasets(size=32)
+        return train, test, 1
+    if data == "cifar10":
+        import torchvision
+        import torchvision.transforms as T
+
+        norm = T.Normalize(CIFAR_MEAN, CIFAR_STD)
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        try:
+            train = torchvision.datasets.CIFAR10(data_dir, train=True, download=download, transform=train_tf)
+            test = torchvision.datasets.CIFAR10(data_dir, train=False, download=download,
+                                                transform=T.Compose([T.ToTensor(), norm]))
+        except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+            raise SystemExit(f"CIFAR-10 is not in data_dir={data_dir!r} ({e}); pass download=True "
+                             "(--data.download=true / --download) to fetch it once") from e
+        return train, test, 3
+    raise ValueError(f"data={data!r} is invalid: choose 'digits' (offline) or 'cifar10'")
+
+
+def resnet(arch: str = "resnet18", in_channels: int = 1, num_classes: int = 10, seed: int = 0) -> torch.nn.Module:
+    """A torchvision ResNet (resnet18/34/50 ...) with a CIFAR-style stem, the same weights on every rank."""
+    torch.manual_seed(seed)
+    return small_resnet(arch, num_classes=num_classes, in_channels=in_channels)
