@@ -45,12 +45,14 @@ class BertClassifier(ClassifierModule):
         vocab_size: the tokenizer's size, for "tiny" (filled in from the data module).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
+        seed: the initial weights' seed (the same on every rank).
     """
 
-    def __init__(self, model: str = "tiny", vocab_size: int = 0, lr: float = 1e-3, weight_decay: float = 0.01) -> None:
+    def __init__(self, model: str = "tiny", vocab_size: int = 0, lr: float = 1e-3, weight_decay: float = 0.01,
+                 seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = bert_classifier(model, vocab_size=vocab_size)
+        self.net = bert_classifier(model, vocab_size=vocab_size, seed=seed)
 
     def forward_batch(self, batch):
         out = self.net(**batch)
@@ -69,14 +71,15 @@ class TextData(L.LightningDataModule):
         data_dir: cache directory for the Hub's files.
         max_length: tokens per example at most.
         batch_size: the mean per-rank batch; the global batch is this times the number of ranks.
+        seed: the seed the keyword reviews are written from.
     """
 
     def __init__(self, data: str = "keywords", tokenizer: str = "bert-base-uncased", data_dir: str | None = None,
-                 max_length: int = 128, batch_size: int = 32) -> None:
+                 max_length: int = 128, batch_size: int = 32, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.train, self.test, self.tokenizer = text_datasets(data, model_name=tokenizer, max_length=max_length,
-                                                              data_dir=data_dir)
+                                                              data_dir=data_dir, seed=seed)
 
     def train_dataloader(self):
         return DataLoader(self.train, batch_size=self.hparams.batch_size, shuffle=True,

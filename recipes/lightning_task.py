@@ -58,7 +58,7 @@ class RecipeCLI(LightningCLI):
             "enable_checkpointing": False,
         }
         super().__init__(model_class, datamodule_class, trainer_defaults=defaults, run=False,
-                         seed_everything_default=0, **kwargs)
+                         seed_everything_default=0, save_config_kwargs={"overwrite": True}, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         if self.links is not None:

@@ -45,12 +45,14 @@ class ResNetClassifier(ClassifierModule):
         in_channels: 1 for digits, 3 for CIFAR-10.
         lr: SGD learning rate for the global batch.
         momentum: SGD momentum.
+        seed: the initial weights' seed (the same on every rank).
     """
 
-    def __init__(self, arch: str = "resnet18", in_channels: int = 1, lr: float = 0.05, momentum: float = 0.9) -> None:
+    def __init__(self, arch: str = "resnet18", in_channels: int = 1, lr: float = 0.05, momentum: float = 0.9,
+                 seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = resnet(arch, in_channels=in_channels)
+        self.net = resnet(arch, in_channels=in_channels, seed=seed)
 
     def forward_batch(self, batch):
         x, y = batch
