@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint clean bench-balance bench-compression bench-kernels gpu-check
+.PHONY: install demo test docs lint clean bench-balance bench-compression bench-kernels bench-bert gpu-check
 
 install: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_PINS)
-	$(BIN)/pip install -q -e '.[recipes,dev]'
+	$(BIN)/pip install -q -e '.[recipes,dev,docs]'
 	touch $(STAMP)
 
 demo: install
@@ -24,12 +24,19 @@ test: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
 
+# The docs site (mkdocs-material + mkdocstrings); --strict turns broken links and docstrings into errors.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Benchmarks (not tests): the emulated-cluster ones need root; bench-kernels needs a CUDA GPU.
 bench-balance: install
 	$(BIN)/hetero-strategy bench balance --json benchmarks/results/balance.json
 
 bench-compression: install
 	$(BIN)/hetero-strategy bench compression --json benchmarks/results/compression.json
+
+bench-bert: install
+	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --json benchmarks/results/bert_recipe.json
 
 bench-kernels: install
 	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/kernels.json
@@ -42,4 +49,4 @@ lint: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

@@ -1,13 +1,15 @@
 """The training loop both Accelerate recipes use (``resnet_accelerate.py``, ``bert_accelerate.py``).
 
-A recipe adds its own flags, builds its model, optimizer and data sets, and hands them to
-:func:`train` with a ``forward_batch(model, batch) -> (loss, logits, labels)``.
+A recipe adds its own flags and hands :func:`train` a ``build(args) -> Parts``: its model,
+optimizer, data sets and ``forward_batch(model, batch) -> (loss, logits, labels)``. ``build``
+runs on the main process first, so a download happens once and the other ranks read the cache.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +24,18 @@ from hetero_strategy.accelerate import HeteroPlugin
 ForwardBatch = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+@dataclass
+class Parts:
+    """What a recipe trains: built by its ``build(args)``."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_set: Dataset
+    test_set: Dataset
+    forward_batch: ForwardBatch
+    collate_fn: Any = None
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """The flags every Accelerate recipe takes; a recipe adds its model's and data's."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,9 +46,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--hetero-config", default=None,
                    help="hetero YAML from `hetero-strategy config` (default: $HETERO_STRATEGY_CONFIG)")
     p.add_argument("--compression", default=None, help="none, topk, tiered, onebit, fp16, bf16, powersgd")
-    p.add_argument("--calibrate", action="store_true", default=None, help="rebalance batch shares while training")
+    p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None,
+                   help="rebalance batch shares while training (default: the hetero config's)")
     p.add_argument("--precision-policy", default=None, help="auto, bf16, fp16, fp32 or a per-rank list a,b")
-    p.add_argument("--log-with", default=None, help="an Accelerate tracker (tensorboard, wandb ...)")
+    p.add_argument("--log-with", default=None, help="an Accelerate tracker (tensorboard after pip install tensorboard, "
+                                                    "wandb ...)")
     p.add_argument("--project-dir", default="logs", help="where trackers write")
     return p
 
@@ -43,21 +59,24 @@ def _policy(value: str | None) -> Any:
     return value.split(",") if value and "," in value else value
 
 
-def train(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          train_set: Dataset, test_set: Dataset, forward_batch: ForwardBatch, collate_fn: Any = None) -> None:
+def train(args: argparse.Namespace, build: Callable[[argparse.Namespace], Parts]) -> None:
     """Train ``args.steps`` optimizer steps with HeteroPlugin, then print the final figures."""
     accelerator = Accelerator(log_with=args.log_with, project_dir=args.project_dir)
     set_seed(args.seed)
+    with accelerator.main_process_first():
+        parts = build(args)
+    forward_batch = parts.forward_batch
     if args.log_with:
         accelerator.init_trackers("hetero-recipe", config={k: v for k, v in vars(args).items()
                                                            if isinstance(v, (int, float, str, bool))})
     fields = {"compression": args.compression, "calibrate": args.calibrate,
               "precision_policy": _policy(args.precision_policy)}
     plugin = HeteroPlugin(args.hetero_config, log_every_n_steps=5, **{k: v for k, v in fields.items() if v is not None})
-    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, collate_fn=collate_fn)
-    test_loader = DataLoader(test_set, batch_size=2 * args.batch_size, collate_fn=collate_fn)  # no gradients: 2x fits
+    loader = DataLoader(parts.train_set, batch_size=args.batch_size, shuffle=True, collate_fn=parts.collate_fn)
+    test_loader = DataLoader(parts.test_set, batch_size=2 * args.batch_size,  # no gradients: 2x fits
+                             collate_fn=parts.collate_fn)
     model, optimizer, loader, test_loader = plugin.prepare(
-        accelerator, model, optimizer, loader, test_loader,
+        accelerator, parts.model, parts.optimizer, loader, test_loader,
         loss_fn=lambda module, batch: forward_batch(module, batch)[0], max_steps=args.steps)
 
     columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[loss]}"))

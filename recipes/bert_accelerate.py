@@ -21,21 +21,36 @@ SLURM (one ``accelerate launch`` per node)::
         --num_processes 8 --machine_rank $SLURM_NODEID --main_process_ip $(scontrol show hostnames | head -1) \\
         --main_process_port 29500 recipes/bert_accelerate.py --data sst2 --model bert-base-uncased'
 
-An emulated heterogeneous cluster on one machine (root; slow ranks and slow links)::
+An emulated heterogeneous cluster on one machine (root: namespaces, tc links, CPU quotas; each
+rank gets a torchrun-style environment)::
 
-    hetero-strategy emulate --preset mixed -- python recipes/bert_accelerate.py --steps 200
+    sudo ACCELERATE_USE_CPU=true hetero-strategy emulate --compute 1.0,0.57 --link 10gbit,100mbit -- \\
+        python recipes/bert_accelerate.py --steps 200
 """
 
 from __future__ import annotations
 
 import torch
-from accelerate_loop import parser, train
-from text_task import bert_classifier, collator, text_datasets
+from accelerate_loop import Parts, parser, train
+from text_task import (
+    LR,
+    MAX_LENGTH,
+    WEIGHT_DECAY,
+    bert_classifier,
+    collator,
+    forward_batch,
+    text_datasets,
+    text_tokenizer,
+)
 
 
-def forward_batch(model, batch):
-    out = model(**batch)
-    return out.loss, out.logits, batch["labels"]
+def build(args) -> Parts:
+    tokenizer = text_tokenizer(args.data, args.tokenizer, args.data_dir)
+    train_set, test_set = text_datasets(args.data, tokenizer, max_length=args.max_length, data_dir=args.data_dir,
+                                        seed=args.seed)
+    model = bert_classifier(args.model, vocab_size=len(tokenizer), seed=args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    return Parts(model, optimizer, train_set, test_set, forward_batch, collate_fn=collator(tokenizer))
 
 
 def main() -> None:
@@ -44,15 +59,10 @@ def main() -> None:
     p.add_argument("--model", default="tiny", help='"tiny" (offline, random init) or a Hub name')
     p.add_argument("--tokenizer", default="bert-base-uncased", help="the Hub tokenizer for sst2")
     p.add_argument("--data-dir", default=None, help="cache directory for the Hub's files")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    args = p.parse_args()
-    train_set, test_set, tokenizer = text_datasets(args.data, model_name=args.tokenizer, max_length=args.max_length,
-                                                   data_dir=args.data_dir, seed=args.seed)
-    model = bert_classifier(args.model, vocab_size=len(tokenizer), seed=args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    train(args, model, optimizer, train_set, test_set, forward_batch, collate_fn=collator(tokenizer))
+    p.add_argument("--max-length", type=int, default=MAX_LENGTH)
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY)
+    train(p.parse_args(), build)
 
 
 if __name__ == "__main__":

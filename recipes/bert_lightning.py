@@ -18,14 +18,17 @@ SLURM (``srun`` starts one task per GPU; Lightning reads the SLURM environment):
     srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4 python recipes/bert_lightning.py \\
         --config recipes/configs/bert_sst2.yaml --trainer.num_nodes=2 --trainer.devices=4
 
-An emulated heterogeneous cluster on one machine (root; slow ranks and slow links)::
+An emulated heterogeneous cluster on one machine (root: namespaces, tc links, CPU quotas; each
+rank gets a torchrun-style environment)::
 
-    hetero-strategy emulate --preset mixed -- python recipes/bert_lightning.py --trainer.max_steps=200
+    sudo hetero-strategy emulate --compute 1.0,0.57 --link 10gbit,100mbit -- \\
+        python recipes/bert_lightning.py --trainer.accelerator=cpu --trainer.devices=2 --trainer.max_steps=200
 
-Compression and calibration are the strategy's own arguments:
-``--trainer.strategy=hetero_strategy.HeteroStrategy --trainer.strategy.compression=topk
---trainer.strategy.calibrate=true``. Metrics go to ``logs/`` as CSV; ``--trainer.strategy=ddp``
-runs plain DDP for comparison.
+Compression, calibration and precision are the strategy's own arguments:
+``--trainer.strategy.compression=topk --trainer.strategy.calibrate=true
+--trainer.strategy.precision_policy=auto``. Metrics go to ``logs/`` as CSV
+(``--trainer.logger=TensorBoardLogger`` after ``pip install tensorboard``); ``--print_config``
+prints the full YAML of a run; ``--trainer.strategy=ddp`` runs plain DDP for comparison.
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning_task import ClassifierModule, run
-from text_task import bert_classifier, collator, text_datasets
+from text_task import (
+    LR,
+    MAX_LENGTH,
+    WEIGHT_DECAY,
+    bert_classifier,
+    collator,
+    forward_batch,
+    text_datasets,
+    text_tokenizer,
+)
 from torch.utils.data import DataLoader
 
 
@@ -48,15 +60,14 @@ class BertClassifier(ClassifierModule):
         seed: the initial weights' seed (the same on every rank).
     """
 
-    def __init__(self, model: str = "tiny", vocab_size: int = 0, lr: float = 1e-3, weight_decay: float = 0.01,
+    def __init__(self, model: str = "tiny", vocab_size: int = 0, lr: float = LR, weight_decay: float = WEIGHT_DECAY,
                  seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = bert_classifier(model, vocab_size=vocab_size, seed=seed)
 
     def forward_batch(self, batch):
-        out = self.net(**batch)
-        return out.loss, out.logits, batch["labels"]
+        return forward_batch(self.net, batch)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -75,11 +86,21 @@ class TextData(L.LightningDataModule):
     """
 
     def __init__(self, data: str = "keywords", tokenizer: str = "bert-base-uncased", data_dir: str | None = None,
-                 max_length: int = 128, batch_size: int = 32, seed: int = 0) -> None:
+                 max_length: int = MAX_LENGTH, batch_size: int = 32, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.train, self.test, self.tokenizer = text_datasets(data, model_name=tokenizer, max_length=max_length,
-                                                              data_dir=data_dir, seed=seed)
+        self.tokenizer = text_tokenizer(data, tokenizer, data_dir)  # its size shapes the model
+
+    def prepare_data(self) -> None:
+        if self.hparams.data != "keywords":  # local rank 0 of each node fills the Hub cache once
+            self._load()
+
+    def setup(self, stage: str) -> None:
+        self.train, self.test = self._load()
+
+    def _load(self):
+        h = self.hparams
+        return text_datasets(h.data, self.tokenizer, max_length=h.max_length, data_dir=h.data_dir, seed=h.seed)
 
     def train_dataloader(self):
         return DataLoader(self.train, batch_size=self.hparams.batch_size, shuffle=True,

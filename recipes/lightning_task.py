@@ -6,6 +6,8 @@ A recipe subclasses :class:`ClassifierModule` with its model and a ``forward_bat
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any
 
 import lightning as L
@@ -17,7 +19,9 @@ import hetero_strategy
 
 
 class ClassifierModule(L.LightningModule):
-    """Cross-entropy training with held-out accuracy counted exactly across ranks."""
+    """Training on ``forward_batch``'s loss; held-out accuracy from correct/total counts summed over
+    ranks (Lightning's DistributedSampler pads the held-out set to a multiple of the world size,
+    so up to world_size - 1 samples count twice)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -46,19 +50,26 @@ class ClassifierModule(L.LightningModule):
 
 
 class RecipeCLI(LightningCLI):
-    """LightningCLI with hetero's defaults: strategy="hetero", a CSV logger, metrics every 5 steps."""
+    """LightningCLI with hetero's defaults: HeteroStrategy, a CSV logger, metrics every 5 steps.
 
-    def __init__(self, model_class: type, datamodule_class: type, links: Any = None, **kwargs: Any) -> None:
+    The strategy default is the class, not the name "hetero", so ``--trainer.strategy.compression=topk``
+    works without first naming the class; ``--trainer.strategy=ddp`` still selects plain DDP.
+    """
+
+    def __init__(self, model_class: type, datamodule_class: type, links: Any = None, description: str = "",
+                 **kwargs: Any) -> None:
         self.links = links  # parser -> None: arguments one recipe links (e.g. the tokenizer's size)
         defaults = {
-            "strategy": "hetero",
+            "strategy": {"class_path": "hetero_strategy.HeteroStrategy"},
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}},
             "log_every_n_steps": 5,
             "max_epochs": 5,
             "enable_checkpointing": False,
         }
         super().__init__(model_class, datamodule_class, trainer_defaults=defaults, run=False,
-                         seed_everything_default=0, save_config_kwargs={"overwrite": True}, **kwargs)
+                         seed_everything_default=0, save_config_kwargs={"overwrite": True},
+                         parser_kwargs={"description": description,
+                                        "formatter_class": argparse.RawDescriptionHelpFormatter}, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         if self.links is not None:
@@ -68,7 +79,8 @@ class RecipeCLI(LightningCLI):
 def run(model_class: type, datamodule_class: type, args: list[str] | None = None, links: Any = None) -> None:
     """Parse the command line, fit, measure held-out accuracy, print the final figures on rank 0."""
     assert hetero_strategy.HeteroStrategy  # importing hetero_strategy registers strategy="hetero"
-    cli = RecipeCLI(model_class, datamodule_class, links=links, args=args)
+    script = sys.modules["__main__"].__doc__ or ""  # the recipe's commands, for --help
+    cli = RecipeCLI(model_class, datamodule_class, links=links, description=script, args=args)
     trainer = cli.trainer
     trainer.fit(cli.model, datamodule=cli.datamodule)
     strategy = trainer.strategy

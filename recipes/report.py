@@ -18,7 +18,7 @@ def final_report(summary: dict[str, Any] | None, accuracy: float, *, steps: int)
     if summary is not None:
         table.add_row("batch split", " + ".join(map(str, summary["batch_sizes"]))
                       + f" = {sum(summary['batch_sizes'])}")
-        table.add_row("throughput", f"{summary['samples_per_s']:.1f} samples/s (median step {summary['step_s']:.3f} s)")
+        table.add_row("throughput", f"{summary['samples_per_s']:.1f} samples/s (median wall step {summary['step_s']:.3f} s)")
         table.add_row("balance", f"{summary['balance']:.2f}")
         table.add_row("bytes sent per step", ", ".join(f"r{r}: {b / 1e6:.3f} MB"
                                                          for r, b in enumerate(summary["bytes_sent_per_step"])))

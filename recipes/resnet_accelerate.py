@@ -21,9 +21,11 @@ SLURM (one ``accelerate launch`` per node)::
         --num_processes 8 --machine_rank $SLURM_NODEID --main_process_ip $(scontrol show hostnames | head -1) \\
         --main_process_port 29500 recipes/resnet_accelerate.py --data cifar10'
 
-An emulated heterogeneous cluster on one machine (root; slow ranks and slow links)::
+An emulated heterogeneous cluster on one machine (root: namespaces, tc links, CPU quotas; each
+rank gets a torchrun-style environment)::
 
-    hetero-strategy emulate --preset mixed -- python recipes/resnet_accelerate.py --steps 50
+    sudo ACCELERATE_USE_CPU=true hetero-strategy emulate --compute 1.0,0.57 --link 10gbit,100mbit -- \\
+        python recipes/resnet_accelerate.py --steps 50
 
 ``accelerate launch --cpu --num_processes 2`` starts one process with the current Accelerate; the
 ``ACCELERATE_USE_CPU=true ... --multi_gpu`` form above starts two gloo ranks.
@@ -32,29 +34,26 @@ An emulated heterogeneous cluster on one machine (root; slow ranks and slow link
 from __future__ import annotations
 
 import torch
-from accelerate_loop import parser, train
-from vision_task import resnet, vision_datasets
+from accelerate_loop import Parts, parser, train
+from vision_task import CHANNELS, LR, MOMENTUM, forward_batch, resnet, vision_datasets
 
 
-def forward_batch(model, batch):
-    x, y = batch
-    logits = model(x)
-    return torch.nn.functional.cross_entropy(logits, y), logits, y
+def build(args) -> Parts:
+    train_set, test_set = vision_datasets(args.data, args.data_dir, args.download)
+    model = resnet(args.arch, in_channels=CHANNELS[args.data], seed=args.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    return Parts(model, optimizer, train_set, test_set, forward_batch)
 
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--data", choices=["digits", "cifar10"], default="digits")
+    p.add_argument("--data", choices=sorted(CHANNELS), default="digits")
     p.add_argument("--data-dir", default="./data")
     p.add_argument("--download", action="store_true", help="fetch CIFAR-10 into --data-dir if missing")
     p.add_argument("--arch", default="resnet18")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    args = p.parse_args()
-    train_set, test_set, channels = vision_datasets(args.data, args.data_dir, args.download)
-    model = resnet(args.arch, in_channels=channels, seed=args.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    train(args, model, optimizer, train_set, test_set, forward_batch)
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--momentum", type=float, default=MOMENTUM)
+    train(p.parse_args(), build)
 
 
 if __name__ == "__main__":

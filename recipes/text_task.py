@@ -19,6 +19,7 @@ POSITIVE = ("good", "great", "fine", "nice", "superb")
 NEGATIVE = ("bad", "poor", "awful", "dull", "weak")
 FILLER = tuple(f"w{i}" for i in range(60))
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+LR, WEIGHT_DECAY, MAX_LENGTH = 1e-3, 0.01, 128  # AdamW for the tiny model; both scripts' defaults
 
 
 def keyword_reviews(n: int, seed: int) -> list[tuple[str, int]]:
@@ -63,24 +64,30 @@ class Encoded(torch.utils.data.Dataset):
         return self.rows[i]
 
 
-def text_datasets(data: str = "keywords", *, model_name: str = "bert-base-uncased", max_length: int = 128,
-                  data_dir: str | None = None, n_train: int = 4000, n_test: int = 1000,
-                  seed: int = 0) -> tuple[Encoded, Encoded, Any]:
-    """(train, test, tokenizer) for ``data`` = "keywords" (offline) or "sst2" (GLUE, via ``datasets``)."""
+def text_tokenizer(data: str = "keywords", model_name: str = "bert-base-uncased", data_dir: str | None = None) -> Any:
+    """The tokenizer of ``data``: built in memory for "keywords", the Hub's ``model_name`` for "sst2"."""
     if data == "keywords":
-        tokenizer = keyword_tokenizer()
-        train, test = keyword_reviews(n_train, seed), keyword_reviews(n_test, seed + 1)
-        return (Encoded(tokenizer, [t for t, _ in train], [y for _, y in train], max_length),
-                Encoded(tokenizer, [t for t, _ in test], [y for _, y in test], max_length), tokenizer)
+        return keyword_tokenizer()
     if data == "sst2":
-        from datasets import load_dataset
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_name, cache_dir=data_dir)
+        return AutoTokenizer.from_pretrained(model_name, cache_dir=data_dir)
+    raise ValueError(f"data={data!r} is invalid: choose 'keywords' (offline) or 'sst2'")
+
+
+def text_datasets(data: str, tokenizer: Any, *, max_length: int = MAX_LENGTH, data_dir: str | None = None,
+                  n_train: int = 4000, n_test: int = 1000, seed: int = 0) -> tuple[Encoded, Encoded]:
+    """(train, test) for ``data`` = "keywords" (written from ``seed``) or "sst2" (GLUE, via ``datasets``)."""
+    if data == "keywords":
+        train, test = keyword_reviews(n_train, seed), keyword_reviews(n_test, seed + 1)
+        return (Encoded(tokenizer, [t for t, _ in train], [y for _, y in train], max_length),
+                Encoded(tokenizer, [t for t, _ in test], [y for _, y in test], max_length))
+    if data == "sst2":
+        from datasets import load_dataset
+
         glue = load_dataset("glue", "sst2", cache_dir=data_dir)  # the test split has no labels
         return (Encoded(tokenizer, glue["train"]["sentence"], glue["train"]["label"], max_length),
-                Encoded(tokenizer, glue["validation"]["sentence"], glue["validation"]["label"], max_length),
-                tokenizer)
+                Encoded(tokenizer, glue["validation"]["sentence"], glue["validation"]["label"], max_length))
     raise ValueError(f"data={data!r} is invalid: choose 'keywords' (offline) or 'sst2'")
 
 
@@ -102,3 +109,9 @@ def bert_classifier(model: str = "tiny", vocab_size: int = 0, num_labels: int = 
                             intermediate_size=128, max_position_embeddings=128, num_labels=num_labels)
         return BertForSequenceClassification(config)
     return BertForSequenceClassification.from_pretrained(model, num_labels=num_labels)
+
+
+def forward_batch(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, logits, labels) of a padded batch; the model computes its own cross-entropy."""
+    out = model(**batch)
+    return out.loss, out.logits, batch["labels"]

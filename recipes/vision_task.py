@@ -12,14 +12,15 @@ from torch.utils.data import Dataset
 from hetero_strategy.workloads.digits import digits_datasets, small_resnet
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
+CHANNELS = {"digits": 1, "cifar10": 3}  # input channels per data set, known before anything loads
+LR, MOMENTUM = 0.05, 0.9  # SGD for the global batch; both scripts' defaults
 
 
 def vision_datasets(data: str = "digits", data_dir: str = "./data", download: bool = False
-                    ) -> tuple[Dataset, Dataset, int]:
-    """(train, test, input channels) of (image (C, 32, 32), label) pairs."""
+                    ) -> tuple[Dataset, Dataset]:
+    """(train, test) of (image (CHANNELS[data], 32, 32), label) pairs."""
     if data == "digits":
-        train, test = digits_datasets(size=32)
-        return train, test, 1
+        return digits_datasets(size=32)
     if data == "cifar10":
         import torchvision
         import torchvision.transforms as T
@@ -33,8 +34,15 @@ def vision_datasets(data: str = "digits", data_dir: str = "./data", download: bo
         except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
             raise SystemExit(f"CIFAR-10 is not in data_dir={data_dir!r} ({e}); pass download=True "
                              "(--data.download=true / --download) to fetch it once") from e
-        return train, test, 3
+        return train, test
     raise ValueError(f"data={data!r} is invalid: choose 'digits' (offline) or 'cifar10'")
+
+
+def forward_batch(model: torch.nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, logits, labels) of an (image, label) batch."""
+    x, y = batch
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits, y), logits, y
 
 
 def resnet(arch: str = "resnet18", in_channels: int = 1, num_classes: int = 10, seed: int = 0) -> torch.nn.Module:

@@ -69,13 +69,13 @@ def _params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def test_resnet_lightning_cli_with_fixed_split_logs_per_rank_metrics(tmp_path):
+def test_resnet_lightning_cli_with_fixed_split_logs_per_rank_metrics(tmp_path, monkeypatch):
     log = _lightning("resnet_lightning.py", tmp_path, "--trainer.max_steps=2", "--data.batch_size=8",
                      "--trainer.strategy=hetero_strategy.HeteroStrategy",
                      "--trainer.strategy.batch_sizes=[10, 6]", "--trainer.log_every_n_steps=1")
     fig = _figures(log, steps=2)
     assert fig["split"] == [10, 6]  # the user's split, not the probe's
-    sys.path.insert(0, str(RECIPES))
+    monkeypatch.syspath_prepend(str(RECIPES))
     from vision_task import resnet
 
     assert fig["mb"] == pytest.approx([_dense_ring_mb(_params(resnet("resnet18")))] * 2, abs=1e-3)
@@ -96,13 +96,13 @@ def test_bert_lightning_cli_yaml_mixed_precision_and_topk(tmp_path):
     assert all(0 < mb for mb in fig["mb"])
 
 
-def test_resnet_accelerate_with_a_hetero_yaml(tmp_path):
+def test_resnet_accelerate_with_a_hetero_yaml(tmp_path, monkeypatch):
     (tmp_path / "hetero.yaml").write_text("balance:\n  batch_sizes: [6, 10]\n")  # as the wizard writes it
     log = _accelerate("resnet_accelerate.py", tmp_path, "--steps", "2", "--batch-size", "8",
                       "--hetero-config", "hetero.yaml")
     fig = _figures(log, steps=2)
     assert fig["split"] == [6, 10]
-    sys.path.insert(0, str(RECIPES))
+    monkeypatch.syspath_prepend(str(RECIPES))
     from vision_task import resnet
 
     assert fig["mb"] == pytest.approx([_dense_ring_mb(_params(resnet("resnet18")))] * 2, abs=1e-3)
@@ -115,3 +115,15 @@ def test_bert_accelerate_tiered_mixed_precision(tmp_path):
     assert sum(fig["split"]) == 64
     for rank, dtype in ((0, "bf16"), (1, "fp32")):
         assert f"rank {rank} autocasts in {dtype}" in log, log[-4000:]
+
+
+def test_cifar10_flag_alone_gives_the_model_a_3_channel_stem(monkeypatch):
+    monkeypatch.syspath_prepend(str(RECIPES))
+    from lightning_task import RecipeCLI
+    from resnet_lightning import ResNetClassifier, VisionData, link_channels
+
+    cli = RecipeCLI(ResNetClassifier, VisionData, links=link_channels,
+                    args=["--data.data=cifar10", "--trainer.accelerator=cpu", "--trainer.devices=1",
+                          "--trainer.strategy.compression=topk"])  # a strategy flag without naming the class
+    assert cli.model.net.conv1.in_channels == 3  # nothing loaded or downloaded to learn it
+    assert cli.trainer.strategy.hetero_config.compression.method == "topk"

@@ -47,7 +47,9 @@ def _train(rank: int, world: int, flat: dict, steps: int) -> dict:
     fresh = HeteroRuntime(HeteroConfig.from_flat(**flat), rank, world)
     fresh.train_loader(DataLoader(make_data(70), batch_size=8, shuffle=True), seed=0, measure=measure)
     fresh.load_state_dict(state)
+    summary = runtime.summary()
     return {"seen": seen, "weights": [p.detach().clone() for p in net.parameters()], "metrics": runtime.metrics(),
+            "summary": summary,
             "state": state, "restored": fresh.state_dict(), "restored_epoch": fresh.sampler.epoch,
             "gathered": runtime.gathered_state_dict()}
 
@@ -55,6 +57,36 @@ def _train(rank: int, world: int, flat: dict, steps: int) -> dict:
 @pytest.fixture(scope="module")
 def explicit():
     return run_distributed(_train, 2, dict(batch_sizes=[3, 13]), 7, timeout=120)
+
+
+def test_summary_counts_ring_bytes_and_the_split(explicit):
+    params = sum(p.numel() for p in make_net().parameters())
+    for rank in range(2):
+        summary = explicit[rank]["summary"]
+        # oracle: a ring all-reduce of fp32 on 2 ranks sends 2 (W-1)/W x 4 bytes per parameter
+        assert summary["bytes_sent_per_step"] == [2 * 1 * 4 * params // 2] * 2
+        assert summary["batch_sizes"] == [3, 13] and summary["window_steps"] == 7
+        assert summary["samples_per_s"] == pytest.approx(16 / summary["step_s"])
+    assert explicit[0]["summary"] == explicit[1]["summary"]  # one all-gather: the same figures everywhere
+
+
+def test_summary_counts_bytes_when_buckets_wait_for_backward():
+    deferred = run_distributed(_train, 2, dict(batch_sizes=[3, 13], overlap_comm=False), 3,
+                               timeout=120)
+    params = sum(p.numel() for p in make_net().parameters())
+    assert deferred[0]["summary"]["bytes_sent_per_step"] == [4 * params] * 2  # 2 (W-1)/W x 4 bytes, W = 2
+
+
+def test_summary_takes_medians_so_warm_up_does_not_count():
+    from hetero_strategy.runtime import StepTimer
+
+    timer = StepTimer()
+    timer.history = [(5.0, 9.0), (0.2, 0.5), (0.4, 0.5), (0.3, 0.7)]  # a slow first step, then steady
+    timer.bytes_history = [100, 10, 10, 30]
+    timer.step_ends = [9.0, 9.6, 10.2, 10.9]  # wall time between ends: 0.6, 0.6, 0.7 (data loading included)
+    got = timer.summary([6, 2])  # one process: its own figures
+    assert got["step_s"] == pytest.approx(0.6) and got["samples_per_s"] == pytest.approx(8 / 0.6)
+    assert got["bytes_sent_per_step"] == [20] and got["balance"] == 1.0 and got["window_steps"] == 4
 
 
 def test_bare_ddp_equals_one_process(explicit):

@@ -39,13 +39,13 @@ METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "tiered")
 
 
 class _Counter(WeightedReduceState):
-    """Byte counting for hooks that do not count (PyTorch's fp16 hook, the dense weighted hook)."""
+    """Byte counting for PyTorch's fp16 hook, which does not count (the weighted hook counts itself)."""
 
-    __slots__ = ["_acc", "last_bytes_sent"]
+    __slots__ = ["_acc"]
 
     def __init__(self) -> None:
         super().__init__(None)
-        self._acc = self.last_bytes_sent = 0
+        self._acc = 0
 
 
 def _count(state: _Counter, bucket, element_size: int) -> None:
@@ -61,17 +61,12 @@ def _fp16_hook(state: _Counter, bucket):  # unannotated: postponed annotations i
     return default_hooks.fp16_compress_hook(None, bucket)
 
 
-def _dense_hook(state: _Counter, bucket):
-    _count(state, bucket, 4)
-    return weighted_allreduce_hook(state, bucket)
-
-
 def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[str] | None = None,
               base_density: float | None = None, overrides: dict | None = None, fallback: bool = True,
               min_density: float | None = None):
     """(state, hook, bucket_cap_mb) of a benchmark method; None fields keep the config defaults."""
     if method == "dense_fp32":
-        return _Counter(), _dense_hook, 25
+        return WeightedReduceState(None), weighted_allreduce_hook, 25
     if method == "fp16":
         return _Counter(), _fp16_hook, 25
     if method == "powersgd":

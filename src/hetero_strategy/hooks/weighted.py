@@ -115,7 +115,7 @@ def weighted_allreduce_hook(
         state._deferred.append((tensor, out))
         if bucket.is_last():
             for buf, fut in state._deferred:
-                _all_reduce(state, buf).then(lambda f, fut=fut: fut.set_result(f.value()))
+                _all_reduce(state, buf).then(lambda f, fut=fut: _forward(f, fut))
             state._deferred.clear()
     if bucket.is_last():
         state.last_bytes_sent = state.last_bytes_received = state._acc_sent  # ring: receives what it sends
@@ -126,4 +126,17 @@ def weighted_allreduce_hook(
 def _all_reduce(state: WeightedReduceState, tensor: torch.Tensor) -> torch.futures.Future:
     fut, sent = comm.all_reduce(tensor, state.process_group)
     state._acc_sent += sent
-    return fut.then(lambda f: tensor)
+
+    def reduced(f: torch.futures.Future) -> torch.Tensor:
+        f.value()  # NOTE: re-raises a failed or timed-out all-reduce instead of handing DDP the local bucket
+        return tensor
+
+    return fut.then(reduced)
+
+
+def _forward(done: torch.futures.Future, placeholder: torch.futures.Future) -> None:
+    """Complete a deferred bucket's placeholder with the result, or with the error (never leave it pending)."""
+    try:
+        placeholder.set_result(done.value())
+    except Exception as e:  # noqa: BLE001 - any failure must reach DDP, not hang it
+        placeholder.set_exception(e)

@@ -54,13 +54,24 @@ class HeteroStrategy(DDPStrategy):
     size is what plain DDP would use, split across ranks by capacity. The reduced gradient is
     sum_r b_r g_r / G, so training follows one process with batch G.
 
+    ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``checkpoint_io``,
+    ``precision_plugin``, ``process_group_backend``, ``timeout`` and ``start_method`` are
+    Lightning's ``DDPStrategy`` arguments.
+
     Args:
         config: a :class:`HeteroConfig`, or the path of a YAML file holding one.
         batch_sizes: explicit per-rank batch sizes (sum = B x world size).
         capacities: relative per-rank capacities; batch sizes are split in proportion.
-        alpha, beta, max_batch_sizes, probe_steps, seed, calibrate, compression, precision_policy: see
-            :class:`HeteroConfig`; any other field of it may be passed as a keyword too.
-        **kwargs: remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
+        alpha: weight of measured compute in a rank's capacity (see :class:`HeteroConfig`).
+        beta: weight of measured bandwidth in a rank's capacity.
+        max_batch_sizes: per-rank memory caps on the batch size.
+        probe_steps: timed steps per batch size in the start-up probe.
+        seed: the sampler's shuffle seed (default: 0).
+        calibrate: keep moving the batch shares toward equal finishing times while training.
+        compression: the comm hook: none, topk, tiered, onebit, fp16, bf16 or powersgd.
+        precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
+        **kwargs: any other field of :class:`HeteroConfig` (``tiers``, ``pipeline_stages`` ...);
+            the remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
     """
 
     strategy_name = "hetero"

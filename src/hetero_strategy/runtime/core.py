@@ -54,8 +54,8 @@ class HeteroRuntime:
         rank: this process's global rank.
         world_size: number of ranks; per-rank lists in ``config`` are checked against it here,
             before any collective could hang on them.
-        info, warn: where messages go (default: the ``hetero_strategy`` logger); ``info`` is
-            called on rank 0 only.
+        info: where messages go (default: the ``hetero_strategy`` logger); called on rank 0 only.
+        warn: where warnings go (default: the ``hetero_strategy`` logger).
     """
 
     def __init__(self, config: HeteroConfig, rank: int, world_size: int, *,

@@ -5,6 +5,7 @@ Framework-free: the Lightning and Accelerate adapters call the same timer from t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -34,6 +35,7 @@ class StepTimer:
         self._compute_acc = 0.0
         self.history: list[tuple[float, float]] = []  # (compute_s, step_s) per optimizer step
         self.bytes_history: list[int] = []  # wire bytes this rank sent per optimizer step
+        self.step_ends: list[float] = []  # perf_counter() at each step's end: wall time incl. data loading
 
     def batch_start(self) -> None:
         self.batch_start_time = time.perf_counter()
@@ -51,8 +53,10 @@ class StepTimer:
         self.step_time = now - (self.window_start if self.window_start is not None else now)
         self.history.append((self.compute_time, self.step_time))
         self.bytes_history.append(int(bytes_sent))
+        self.step_ends.append(now)
         del self.history[:-200]  # bounded: calibration uses at most the last 100 steps
         del self.bytes_history[:-200]
+        del self.step_ends[:-200]
         self._compute_acc = 0.0
         self.window_start = None
 
@@ -80,18 +84,21 @@ class StepTimer:
         """The run's figures over its last ``last`` steps, the same on every rank (one all-gather).
 
         Medians, so the first (warm-up) steps and a stray slow one do not move them:
-        ``samples_per_s`` is the global batch over the slowest rank's median step time,
-        ``balance`` compares the ranks' median compute times, ``bytes_sent_per_step`` is each
-        rank's median wire bytes per optimizer step.
+        ``step_s`` is the slowest rank's median wall time from one step's end to the next (data
+        loading, compute, communication and the optimizer: what a user waits for), and
+        ``samples_per_s`` the global batch over it; ``balance`` compares the ranks' median
+        compute times; ``bytes_sent_per_step`` is each rank's median wire bytes per step.
         """
         hist, sent = self.history[-last:], self.bytes_history[-last:]
+        ends = self.step_ends[-(last + 1):]
+        walls = [b - a for a, b in itertools.pairwise(ends)] or [s for _, s in hist]  # one step: its own time
         mine = [statistics.median(c for c, _ in hist) if hist else 0.0,
-                statistics.median(s for _, s in hist) if hist else 0.0,
+                statistics.median(walls) if walls else 0.0,
                 float(statistics.median(sent)) if sent else 0.0, float(len(hist))]
         rows = all_gather_floats(mine)
         step_s = max(row[1] for row in rows)
         return {
-            "steps": int(min(row[3] for row in rows)),
+            "window_steps": int(min(row[3] for row in rows)),
             "batch_sizes": list(batch_sizes),
             "samples_per_s": sum(batch_sizes) / step_s if step_s > 0 else 0.0,
             "step_s": step_s,
