@@ -15,13 +15,31 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "init_gloo", "run_command", "run_distributed"]
+__all__ = ["free_port", "init_gloo", "launch_env", "run_command", "run_distributed"]
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# What a launcher (torchrun, Lightning, an earlier test) may have left in this process's environment:
+# passed on, it makes a script believe it is one rank of a job already running, and it waits forever.
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "HETERO_STRATEGY_CONFIG", "CUDA_VISIBLE_DEVICES")
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """A clean environment for launching a 2-rank job on loopback: fresh port, this venv first on PATH."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(("PL_", "ACCELERATE_"))}
+    bin_dir = os.path.dirname(sys.executable)
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}")
+    env.update(extra)
+    return env
 
 
 def run_command(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Any = None) -> tuple[int, str]:

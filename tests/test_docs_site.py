@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_utils import free_port, run_command
+from dist_utils import launch_env, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -57,10 +57,7 @@ def _code(page: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HETERO_STRATEGY_CONFIG", "CUDA_VISIBLE_DEVICES")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    return env
+    return launch_env()
 
 
 @pytest.mark.slow
@@ -98,16 +95,14 @@ def _chromium(*args: str) -> str:
     ("api", ["HeteroStrategy", "HeteroPlugin", "HeteroConfig", "topk_hook"]),
 ])
 def test_chromium_renders_page_with_code_blocks(site, tmp_path, page, must_show):
-    url = (site / page / "index.html").as_uri()
-    dom = _chromium("--dump-dom", url)
+    shot = tmp_path / f"{page}.png"
+    dom = _chromium(f"--screenshot={shot}", "--dump-dom", (site / page / "index.html").as_uri())  # one launch
     assert 'data-md-component="container"' in dom  # the theme's layout, not a bare HTML dump
     blocks = re.findall(r"<pre[^>]*>.*?<code[^>]*>(.*?)</code>", dom, re.DOTALL)
     assert blocks, dom[:2000]
     text = re.sub(r"<[^>]+>", "", dom).replace("&amp;", "&").replace("&quot;", '"').replace("&gt;", ">")
     for needle in must_show:
         assert needle in text, needle
-    shot = tmp_path / f"{page}.png"
-    _chromium(f"--screenshot={shot}", url)
     from matplotlib.image import imread
 
     pixels = imread(shot)  # (H, W, C) floats

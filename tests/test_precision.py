@@ -21,6 +21,13 @@ from hetero_strategy.precision import DeviceInfo, RankPrecision, resolve_dtype
 SIZES, STEPS = [3, 13], 20
 
 
+def _train_each(rank: int, world: int, policy: list[str], methods: list[str], inject_at: int | None = None,
+                steps: int = STEPS) -> dict:
+    """{method: _train(...)} in one pair of processes (one spawn, one process group, runs in turn)."""
+    init_gloo(rank, world)
+    return {m: _train(rank, world, policy, m, inject_at, steps) for m in methods}
+
+
 def _train(rank: int, world: int, policy: list[str], method: str, inject_at: int | None = None,
            steps: int = STEPS) -> dict:
     from torch.nn.parallel import DistributedDataParallel
@@ -28,7 +35,6 @@ def _train(rank: int, world: int, policy: list[str], method: str, inject_at: int
     from hetero_strategy.config import HeteroConfig
     from hetero_strategy.hooks import build_comm_hook
 
-    init_gloo(rank, world)
     x, y = make_data(sum(SIZES) * steps).tensors
     model = DistributedDataParallel(make_net())
     fields = {"topk": dict(dense_fallback=False, base_density=0.3, min_density=0.3, dense_warmup_steps=2),
@@ -68,24 +74,42 @@ def _one_process(skip: set[int], steps: int) -> nn.Module:
     return net
 
 
-@pytest.mark.parametrize("method", ["none", "topk", "onebit", "fp16", "powersgd"])
-def test_bf16_beside_fp32_stays_in_sync_and_near_fp32(method):
-    ranks = run_distributed(_train, 2, ["bf16", "fp32"], method, timeout=180)
+METHODS = ["none", "topk", "onebit", "fp16", "powersgd"]
+
+
+@pytest.fixture(scope="module")
+def bf16_beside_fp32():
+    return run_distributed(_train_each, 2, ["bf16", "fp32"], METHODS, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fp32_pair():
+    return run_distributed(_train_each, 2, ["fp32", "fp32"], METHODS[1:], timeout=300)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_beside_fp32_stays_in_sync_and_near_fp32(method, bf16_beside_fp32, fp32_pair):
+    ranks = [r[method] for r in bf16_beside_fp32]
     assert [r["dtype"] for r in ranks] == ["bf16", "fp32"]
     for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
         assert torch.equal(a, b), "ranks must hold bitwise-identical weights"
     if method == "none":
         want = list(one_process_sgd(make_data(sum(SIZES) * STEPS), global_batch=16, steps=STEPS).parameters())
     else:  # the same compressed exchange with both ranks in fp32
-        want = run_distributed(_train, 2, ["fp32", "fp32"], method, timeout=180)[0]["weights"]
+        want = fp32_pair[0][method]["weights"]
     for got, ref in zip(ranks[0]["weights"], want):
         torch.testing.assert_close(got, ref.detach(), rtol=2e-2, atol=2e-2)  # bf16 keeps 8 mantissa bits
     assert all(h == 1.0 for r in ranks for h in r["history"])  # bf16 and fp32 are never scaled
 
 
+@pytest.fixture(scope="module")
+def inf_runs():
+    return run_distributed(_train_each, 2, ["fp16", "fp32"], ["none", "topk"], 7, 12, timeout=300)
+
+
 @pytest.mark.parametrize("method", ["none", "topk"])
-def test_an_inf_on_the_fp32_rank_skips_the_step_everywhere_and_backs_off_the_fp16_scale(method):
-    ranks = run_distributed(_train, 2, ["fp16", "fp32"], method, 7, 12, timeout=180)
+def test_an_inf_on_the_fp32_rank_skips_the_step_everywhere_and_backs_off_the_fp16_scale(method, inf_runs):
+    ranks = [r[method] for r in inf_runs]
     for r in ranks:
         assert [i for i, ok in enumerate(r["stepped"]) if not ok] == [7]
     # 256, grows x2 after 3 clean steps (steps 2 and 5), halves at the inf (step 7), grows at 10

@@ -9,13 +9,12 @@ Accelerate recipes through ``accelerate launch``. NOTE: ``accelerate launch --cp
 from __future__ import annotations
 
 import csv
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
-from dist_utils import free_port, run_command
+from dist_utils import launch_env, run_command
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BIN = Path(sys.executable).parent
@@ -23,15 +22,16 @@ pytestmark = pytest.mark.slow
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HETERO_STRATEGY_CONFIG", "CUDA_VISIBLE_DEVICES")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    return env
+    return launch_env()
 
 
-def _lightning(script: str, tmp_path: Path, *args: str) -> str:
-    rc, log = run_command([sys.executable, str(RECIPES / script), "--trainer.accelerator=cpu", "--trainer.devices=2",
-                           "--trainer.limit_val_batches=1", *args], env=_env(), cwd=tmp_path, timeout=240)
+def _lightning(script: str, tmp_path: Path, *args: str, torchrun: bool = False) -> str:
+    """The script as its docstring launches it: ``python`` (Lightning starts rank 1) or ``torchrun``."""
+    env = _env()
+    launcher = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", env["MASTER_PORT"]] if torchrun else [sys.executable]
+    rc, log = run_command([*launcher, str(RECIPES / script), "--trainer.accelerator=cpu", "--trainer.devices=2",
+                           "--trainer.limit_val_batches=1", *args], env=env, cwd=tmp_path, timeout=240)
     assert rc == 0, log[-6000:]
     return log
 
@@ -87,9 +87,9 @@ def test_resnet_lightning_cli_with_fixed_split_logs_per_rank_metrics(tmp_path, m
     assert float(logged[0]["hetero/batch_size_r0"]) == 10 and float(logged[0]["hetero/batch_size_r1"]) == 6
 
 
-def test_bert_lightning_cli_yaml_mixed_precision_and_topk(tmp_path):
+def test_bert_lightning_cli_under_torchrun_yaml_mixed_precision_and_topk(tmp_path):
     log = _lightning("bert_lightning.py", tmp_path, "--config", str(RECIPES / "configs" / "offline_smoke.yaml"),
-                     "--trainer.max_steps=6", "--trainer.strategy.precision_policy=[bf16, fp32]")
+                     "--trainer.max_steps=6", "--trainer.strategy.precision_policy=[bf16, fp32]", torchrun=True)
     fig = _figures(log, steps=6)
     for rank, dtype in ((0, "bf16"), (1, "fp32")):  # each rank says its dtype
         assert f"rank {rank} autocasts in {dtype}" in log, log[-4000:]
