@@ -36,7 +36,9 @@ bench-compression: install
 	$(BIN)/hetero-strategy bench compression --json benchmarks/results/compression.json
 
 bench-bert: install
-	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --json benchmarks/results/bert_recipe.json
+	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 200 --json benchmarks/results/bert_recipe.json
+	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 60 --json benchmarks/results/bert_recipe_60.json
+	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 30 --json benchmarks/results/bert_recipe_30.json
 
 bench-kernels: install
 	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/kernels.json
