@@ -54,12 +54,14 @@ class GlobalOrderSampler(Sampler[int]):
 
 
 class StepPlan(tuple):
-    """(sizes, global_batch): per-rank sample counts of one step and their sum (0-size ranks pad)."""
+    """(sizes, global_batch[, units]): per-rank sample counts of one step and their sum (0-size
+    ranks pad); ``units`` is (per-rank loss units, total) when the weights are not sample counts
+    (variable-length samples under a mean over tokens, see ``costed.py``)."""
 
     __slots__ = ()
 
-    def __new__(cls, sizes: list[int], global_batch: int):
-        return super().__new__(cls, (sizes, global_batch))
+    def __new__(cls, sizes: list[int], global_batch: int, units: tuple[list[float], float] | None = None):
+        return super().__new__(cls, (sizes, global_batch, units))
 
     @property
     def sizes(self) -> list[int]:
@@ -69,9 +71,21 @@ class StepPlan(tuple):
     def global_batch(self) -> int:
         return self[1]
 
+    @property
+    def units(self) -> tuple[list[float], float] | None:
+        return self[2]
+
+    def weight_parts(self, rank: int) -> tuple[float, float]:
+        """(this rank's units, the step's total): b_r and G_t, or its loss units and their sum."""
+        if self.units is None:
+            return self.sizes[rank], self.global_batch
+        per_rank, total = self.units
+        return per_rank[rank], total
+
     def weight(self, rank: int) -> float:
-        """This rank's share of the reduced gradient, b_r / G_t."""
-        return self.sizes[rank] / self.global_batch
+        """This rank's share of the reduced gradient, b_r / G_t (units_r / total with units)."""
+        part, total = self.weight_parts(rank)
+        return part / total
 
 
 class HeteroBatchSampler(Sampler[list[int]]):
@@ -197,19 +211,24 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.order()  # (n,)
-        g = self.global_batch
         ranks = range(len(self._splits[0])) if self.rank is None else (self.rank,)
         self._yielded.clear()
         for t in range(self.steps_per_epoch()):
-            sizes = self.plan(t).sizes
+            batches = self._step_batches(t, order)
             self._yielded.append((self.epoch, t))
             self._next_unyielded = self.epoch * self.steps_per_epoch() + t + 1
             for r in ranks:
-                start = t * g + sum(sizes[:r])
-                if sizes[r] == 0:
-                    yield [int(order[t * g])]  # padding sample, weight 0 (see module docstring)
-                else:
-                    yield order[start : start + sizes[r]].tolist()
+                yield batches[r]
+
+    def _step_batches(self, t: int, order: torch.Tensor) -> list[list[int]]:
+        """Every rank's indices for step ``t``: contiguous slices of the global batch."""
+        sizes, g = self.plan(t).sizes, self.global_batch
+        out = []
+        for r in range(len(sizes)):
+            start = t * g + sum(sizes[:r])
+            # a rank with 0 samples gets a padding sample with weight 0 (see module docstring)
+            out.append([int(order[t * g])] if sizes[r] == 0 else order[start:start + sizes[r]].tolist())
+        return out
 
     def __len__(self) -> int:
         return self.steps_per_epoch() * (len(self._splits[0]) if self.rank is None else 1)

@@ -32,6 +32,13 @@ class BalanceConfig:
     profile: str | None = None
     """A cluster-profile JSON (``hetero-strategy profile --json``): its per-rank link bandwidth is
     the beta term of the capacity model; compute is still probed on the real model."""
+    sample_cost: str | None = None
+    """Variable-length samples: the name of a training-dataset attribute holding one cost per sample
+    (e.g. ``"lengths"``, token counts). Each global batch is then dealt out by predicted time
+    instead of by count; None splits by count."""
+    loss_normalization: str = "samples"
+    """What the loss averages over: "samples" (a mean over samples) or "tokens" (a mean over
+    tokens, whose counts are then ``sample_cost``); each rank is weighted by its part of it."""
 
     def __post_init__(self) -> None:
         _check_positive_list("batch_sizes", self.batch_sizes, integer=True)
@@ -49,6 +56,13 @@ class BalanceConfig:
             _fail("probe_steps", self.probe_steps, "must be an integer >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             _fail("seed", self.seed, "must be an integer or None")
+        if self.sample_cost is not None and (not isinstance(self.sample_cost, str) or not self.sample_cost):
+            _fail("sample_cost", self.sample_cost, "name the dataset attribute with one cost per sample, e.g. 'lengths'")
+        if self.loss_normalization not in ("samples", "tokens"):
+            _fail("loss_normalization", self.loss_normalization, "choose 'samples' or 'tokens'")
+        if self.loss_normalization == "tokens" and self.sample_cost is None:
+            _fail("loss_normalization", self.loss_normalization,
+                  "a mean over tokens needs each sample's token count: set sample_cost='<dataset attribute>'")
         if self.profile is not None and not Path(self.profile).is_file():
             _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
 

@@ -34,7 +34,12 @@ from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.precision import RankPrecision
-from hetero_strategy.runtime.loaders import hetero_train_loader, probe_batch, train_loader_batch_size
+from hetero_strategy.runtime.loaders import (
+    hetero_train_loader,
+    probe_batch,
+    sample_costs,
+    train_loader_batch_size,
+)
 from hetero_strategy.runtime.planner import plan_batch_sizes
 from hetero_strategy.runtime.timer import StepTimer
 
@@ -119,7 +124,11 @@ class HeteroRuntime:
         self.config.balance.check_world_size(self.world_size, global_batch)
         probe = None if measure is None else lambda: self._probe(loader, batch, measure)
         sizes = plan_batch_sizes(self.config.balance, self.world_size, global_batch, probe, self.info, self.warn)
-        loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle)
+        cfg = self.config.balance
+        costs = None if cfg.sample_cost is None else sample_costs(loader.dataset, cfg.sample_cost)
+        units = costs if cfg.loss_normalization == "tokens" else None
+        loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle,
+                                                   costs=costs, units=units)
         if self.config.calibration.calibrate:
             from hetero_strategy.balance.calibrator import Calibrator
 
@@ -161,8 +170,8 @@ class HeteroRuntime:
                 plan = self.sampler.plan(step_in_epoch)
             if plan is not None:
                 self.local_batch = plan.sizes[self.rank]
-                if self.hook_state is not None:
-                    self.hook_state.set_local_batch(self.local_batch, plan.global_batch)
+                if self.hook_state is not None:  # b_r / G_t, or this rank's loss units / the step's
+                    self.hook_state.set_local_batch(*plan.weight_parts(self.rank))
         self.timer.batch_start()
         self._batch_open = True
 

@@ -11,9 +11,10 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from hetero_strategy.balance import HeteroBatchSampler
+from hetero_strategy.balance.costed import CostedBatchSampler
 from hetero_strategy.config import ConfigError
 
-__all__ = ["hetero_train_loader", "is_shuffled", "probe_batch", "train_loader_batch_size"]
+__all__ = ["hetero_train_loader", "is_shuffled", "probe_batch", "sample_costs", "train_loader_batch_size"]
 
 
 def train_loader_batch_size(loader: DataLoader) -> int:
@@ -68,16 +69,34 @@ def _rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
     return DataLoader(**kwargs)
 
 
+def sample_costs(dataset: Any, attribute: str) -> list[float]:
+    """One cost per sample from ``dataset.<attribute>`` (balance.sample_cost), checked up front."""
+    values = getattr(dataset, attribute, None)
+    if values is None:
+        raise ConfigError(f"sample_cost={attribute!r} is invalid: the training dataset "
+                          f"{type(dataset).__name__} has no attribute {attribute!r}; give it one cost per sample "
+                          "(e.g. dataset.lengths = [len(t) for t in tokens]) or unset sample_cost")
+    costs = [float(v) for v in values]
+    if len(costs) != len(dataset) or any(not c >= 0 for c in costs):
+        raise ConfigError(f"sample_cost={attribute!r} is invalid: dataset.{attribute} has {len(costs)} entries for "
+                          f"{len(dataset)} samples (need one non-negative cost per sample)")
+    return costs
+
+
 def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, seed: int,
-                        shuffle: bool | None = None) -> tuple[DataLoader, HeteroBatchSampler]:
+                        shuffle: bool | None = None, costs: list[float] | None = None,
+                        units: list[float] | None = None) -> tuple[DataLoader, HeteroBatchSampler]:
     """The training loader with capacity-sized slices of each global batch (order: the user's shuffle).
 
     ``rank`` None yields every rank's slice in turn, for a framework that shards batches itself
-    (Accelerate's ``BatchSamplerShard`` hands batch i to rank i mod world size).
+    (Accelerate's ``BatchSamplerShard`` hands batch i to rank i mod world size). With ``costs``
+    each global batch is dealt out by predicted time (``balance/costed.py``), weighted by ``units``.
     """
-    sampler = HeteroBatchSampler(len(loader.dataset), sizes, rank,
-                                 shuffle=is_shuffled(loader) if shuffle is None else shuffle,
-                                 seed=seed, drop_last=loader.drop_last)
+    kwargs = dict(shuffle=is_shuffled(loader) if shuffle is None else shuffle, seed=seed, drop_last=loader.drop_last)
+    if costs is None:
+        sampler = HeteroBatchSampler(len(loader.dataset), sizes, rank, **kwargs)
+    else:
+        sampler = CostedBatchSampler(len(loader.dataset), sizes, rank, costs=costs, units=units, **kwargs)
     return _rebuild(loader, batch_sampler=sampler), sampler
 
 
