@@ -39,6 +39,7 @@ from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
+from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
 from hetero_strategy.lightning.probe import probe_lightning_module
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
@@ -194,9 +195,15 @@ class HeteroStrategy(DDPStrategy):
         super().setup(trainer)
 
     @override
+    def _configure_launcher(self) -> None:
+        self.cluster_environment = allow_uneven_nodes(self.cluster_environment)  # nodes may differ in size
+        super()._configure_launcher()
+
+    @override
     def setup_environment(self) -> None:
         # Refuse per-rank lists of the wrong length before any collective could hang on them.
-        self.hetero_config.balance.check_world_size(self.num_nodes * self.num_processes)
+        self.hetero_config.balance.check_world_size(
+            job_world_size(self.cluster_environment, self.num_nodes, self.num_processes))
         super().setup_environment()
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
