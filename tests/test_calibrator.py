@@ -150,3 +150,32 @@ def test_ranks_agree_through_real_all_gather():
     assert len(per_rank[0]) >= 2
     final = per_rank[0][-1][1]
     assert final[0] / final[1] == pytest.approx(1 / 0.57, rel=0.05)
+
+
+def _affine_drive(cal, rates, fixed, steps=300):
+    rng = random.Random(0)
+    history = [list(cal.sizes)]
+    for step in range(steps):
+        times = [(f + b / s) * (1 + 0.01 * rng.gauss(0.0, 1.0)) for b, s, f in zip(cal.sizes, rates, fixed)]
+        new = cal.observe(step, times, cal.sizes)
+        if new is not None:
+            history.append(new)
+    return history
+
+
+def test_affine_step_cost_lands_on_the_best_split_in_one_move():
+    """Step time fixed_r + b_r / rate_r (rank 1: slow and with a large fixed cost). With the probe's
+    fixed costs the calibrator moves once, to the split a brute-force search calls best, and stays;
+    the proportional model (no fixed costs) misjudges rank 1's per-sample speed and creeps."""
+    rates, fixed, g = [400.0, 120.0], [0.005, 0.12], 256
+    best = min(([b, g - b] for b in range(1, g)), key=lambda s: max(f + b / r for b, r, f in zip(s, rates, fixed)))
+    cfg = _cfg(cold_start_steps=5, max_change=0.9)
+    affine = _affine_drive(Calibrator(cfg, [128, 128], fixed_s=fixed), rates, fixed)
+    assert affine == [[128, 128], best]  # one move, no overshoot, no churn afterwards
+    proportional = _affine_drive(Calibrator(cfg, [128, 128]), rates, fixed)
+    assert len(proportional) > 2 and proportional[1][1] > best[1]  # undershoots the move, then creeps
+
+
+def test_fixed_costs_of_the_wrong_length_are_refused():
+    with pytest.raises(ValueError, match=r"fixed_s=\[0.1\] is invalid"):
+        Calibrator(_cfg(), [4, 4], fixed_s=[0.1])

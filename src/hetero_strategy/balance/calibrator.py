@@ -7,8 +7,12 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 
 1. Keep the recent steps (at most ``window``) that ran with the current sizes; each gives every
    rank's compute time (waiting for peers excluded) for its batch b_r.
-2. Speed s_r = b_r / median(compute time of r): the median shrugs off one-off stalls (GC, I/O).
-3. Target: sizes proportional to speed (equal finishing times), summing to G, each >= 1.
+2. Speed s_r = b_r / (median(compute time of r) - f_r): the median shrugs off one-off stalls (GC,
+   I/O); f_r is the rank's fixed cost per step from the start-up probe's affine fit
+   (``fixed_s``; 0 without one), the same step-cost model the static plan used.
+3. Target: the sizes at which f_r + b_r / s_r is equal on every rank, summing to G, each >= 1
+   (with all f_r = 0, sizes proportional to speed). Without f_r a rank with a large fixed cost
+   looks slower per sample than it is, and the split overshoots away from it.
 4. Move from the current sizes toward the target by the largest fraction lam <= 1 that keeps every
    rank within +-max_change of its current size (at least one sample). Sizes and target both sum
    to G, so every point on the way does too.
@@ -32,7 +36,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from hetero_strategy.balance.shares import split_batch
+from hetero_strategy.balance.shares import split_batch, split_batch_timed
 from hetero_strategy.config import CalibrationConfig
 
 __all__ = ["Calibrator"]
@@ -52,10 +56,14 @@ class Calibrator:
         initial_sizes: the static plan's sizes; their sum G never changes.
     """
 
-    def __init__(self, config: CalibrationConfig, initial_sizes: Sequence[int]) -> None:
+    def __init__(self, config: CalibrationConfig, initial_sizes: Sequence[int],
+                 fixed_s: Sequence[float] | None = None) -> None:
         sizes = [int(b) for b in initial_sizes]
         if not sizes or any(b < 1 for b in sizes):
             raise ValueError(f"initial_sizes={list(initial_sizes)!r} is invalid: give one size >= 1 per rank")
+        if fixed_s is not None and (len(fixed_s) != len(sizes) or any(not f >= 0 for f in fixed_s)):
+            raise ValueError(f"fixed_s={list(fixed_s)!r} is invalid: give one fixed cost >= 0 per rank")
+        self.fixed_s = [0.0] * len(sizes) if fixed_s is None else [float(f) for f in fixed_s]
         self.config = config
         self.sizes: list[int] = sizes
         self.global_batch = sum(sizes)
@@ -96,12 +104,15 @@ class Calibrator:
             return None
         n = len(current)
         median = [statistics.median(r[k] for r in rows) for k in range(n)]
-        speed = [current[k] / median[k] for k in range(n)]
         if (max(median) - min(median)) / max(median) <= _DEADBAND:
             return None
+        # NOTE: a probed fixed cost above half the measured step is not believed (the probe ran on
+        # other batch sizes, maybe a cold cache); it would make the per-sample speed explode.
+        fixed = [min(self.fixed_s[k], 0.5 * median[k]) for k in range(n)]
+        speed = [current[k] / (median[k] - fixed[k]) for k in range(n)]
         # Target in whole samples with every rank >= 1 (a continuous target below 1 would pin a
         # rank at its floor and block every move).
-        target = split_batch(self.global_batch, speed)
+        target = split_batch_timed(self.global_batch, speed, fixed)
         lo, hi = self._bounds()
         lam = 1.0
         for k in range(n):

@@ -34,12 +34,7 @@ from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.precision import RankPrecision
-from hetero_strategy.runtime.loaders import (
-    hetero_train_loader,
-    probe_batch,
-    sample_costs,
-    train_loader_batch_size,
-)
+from hetero_strategy.runtime.loaders import hetero_train_loader, probe_batch, train_loader_batch_size
 from hetero_strategy.runtime.planner import plan_batch_sizes
 from hetero_strategy.runtime.timer import StepTimer
 
@@ -123,16 +118,17 @@ class HeteroRuntime:
         global_batch = batch * self.world_size
         self.config.balance.check_world_size(self.world_size, global_batch)
         probe = None if measure is None else lambda: self._probe(loader, batch, measure)
-        sizes = plan_batch_sizes(self.config.balance, self.world_size, global_batch, probe, self.info, self.warn)
-        cfg = self.config.balance
-        costs = None if cfg.sample_cost is None else sample_costs(loader.dataset, cfg.sample_cost)
-        units = costs if cfg.loss_normalization == "tokens" else None
+        probed: list[StepCost] = []
+        sizes = plan_batch_sizes(self.config.balance, self.world_size, global_batch, probe, self.info, self.warn,
+                                 on_costs=probed.extend)
         loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle,
-                                                   costs=costs, units=units)
+                                                   self.config.balance.sample_cost,
+                                                   self.config.balance.loss_normalization)
         if self.config.calibration.calibrate:
             from hetero_strategy.balance.calibrator import Calibrator
 
-            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes), self.sampler, accumulate)
+            fixed = [c.fixed_s for c in probed] or None  # the probe's affine fit, when one ran
+            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes, fixed), self.sampler, accumulate)
         self._warn_partial_window(loader, global_batch, accumulate)
         self._restore_pending()
         self.info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "

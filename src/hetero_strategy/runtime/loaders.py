@@ -84,15 +84,18 @@ def sample_costs(dataset: Any, attribute: str) -> list[float]:
 
 
 def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, seed: int,
-                        shuffle: bool | None = None, costs: list[float] | None = None,
-                        units: list[float] | None = None) -> tuple[DataLoader, HeteroBatchSampler]:
+                        shuffle: bool | None = None, sample_cost: str | None = None,
+                        loss_normalization: str = "samples") -> tuple[DataLoader, HeteroBatchSampler]:
     """The training loader with capacity-sized slices of each global batch (order: the user's shuffle).
 
     ``rank`` None yields every rank's slice in turn, for a framework that shards batches itself
-    (Accelerate's ``BatchSamplerShard`` hands batch i to rank i mod world size). With ``costs``
-    each global batch is dealt out by predicted time (``balance/costed.py``), weighted by ``units``.
+    (Accelerate's ``BatchSamplerShard`` hands batch i to rank i mod world size). With
+    ``sample_cost`` (a dataset attribute) each global batch is dealt out by predicted time
+    (``balance/costed.py``), each rank weighted by its samples or, for "tokens", its token count.
     """
     kwargs = dict(shuffle=is_shuffled(loader) if shuffle is None else shuffle, seed=seed, drop_last=loader.drop_last)
+    costs = None if sample_cost is None else sample_costs(loader.dataset, sample_cost)
+    units = costs if loss_normalization == "tokens" else None
     if costs is None:
         sampler = HeteroBatchSampler(len(loader.dataset), sizes, rank, **kwargs)
     else:

@@ -31,11 +31,13 @@ Say = Callable[[str], None]
 
 
 def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, probe: Probe | None,
-                     info: Say = log.info, warn: Say = log.warning) -> list[int]:
+                     info: Say = log.info, warn: Say = log.warning,
+                     on_costs: Callable[[list[StepCost]], None] | None = None) -> list[int]:
     """Per-rank batch sizes summing to ``global_batch`` (see the module docstring for the policy).
 
     ``probe`` measures this rank's :class:`StepCost` on the real model (None: cannot probe);
-    ``info`` and ``warn`` report what was measured and decided.
+    ``info`` and ``warn`` report what was measured and decided; ``on_costs`` receives every
+    rank's probed cost when a probe ran (the calibrator keeps their fixed parts).
     """
     cfg.check_world_size(world_size, global_batch)
     if cfg.batch_sizes is not None:
@@ -43,6 +45,8 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
     if cfg.capacities is not None:
         return split_batch(global_batch, cfg.capacities, cfg.max_batch_sizes)
     costs = gather_step_costs(probe() if probe is not None else None, world_size, info, warn)
+    if on_costs is not None:
+        on_costs(costs)
     bandwidth = profile_bandwidth(cfg.profile, world_size)
     if bandwidth is not None:
         caps = capacity([c.samples_per_s for c in costs], bandwidth, cfg.alpha, cfg.beta)
