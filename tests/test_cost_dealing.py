@@ -59,3 +59,38 @@ def test_unit_weights():
 def test_too_few_samples_is_refused():
     with pytest.raises(ValueError, match="2 samples cannot give each of 3 ranks one"):
         deal_by_cost([1, 1], shares=[1, 1, 1])
+
+
+def test_memory_caps_are_never_exceeded():
+    slots = deal_by_cost([1.0] * 10, shares=[1, 1], caps=[3, 10])  # rank 0 could take 5 by share
+    assert [len(s) for s in slots] == [3, 7]
+
+
+def test_step_plans_survive_pickle_and_deepcopy():
+    import copy
+    import pickle
+
+    from hetero_strategy.balance.sampler import StepPlan
+
+    plan = StepPlan([2, 3], 5, units=([7.0, 9.0], 16.0))
+    assert pickle.loads(pickle.dumps(plan)) == plan and copy.deepcopy(plan).weight(1) == 9 / 16
+
+
+@pytest.mark.parametrize(("fields", "accumulate", "match"), [
+    (dict(sample_cost="lengths"), 2, "invalid with gradient accumulation"),
+    (dict(sample_cost="lengths", calibrate=True), 1, "invalid with calibrate=True"),
+    (dict(sample_cost="missing"), 1, "has no attribute 'missing'"),
+    (dict(sample_cost="lengths", loss_normalization="tokens"), 1, "a sample with 0 tokens"),
+])
+def test_what_dealing_cannot_do_is_refused_up_front(fields, accumulate, match):
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.config import ConfigError, HeteroConfig
+    from hetero_strategy.runtime import HeteroRuntime
+
+    class Texts(list):
+        lengths = (3, 0, 5, 2)
+
+    runtime = HeteroRuntime(HeteroConfig.from_flat(batch_sizes=[2], **fields), 0, 1)
+    with pytest.raises(ConfigError, match=match):
+        runtime.train_loader(DataLoader(Texts([1, 2, 3, 4]), batch_size=2), seed=0, accumulate=accumulate)

@@ -23,10 +23,12 @@ __all__ = ["LOSS_NORMALIZATIONS", "CostedBatchSampler", "deal_by_cost", "unit_we
 LOSS_NORMALIZATIONS = ("samples", "tokens")
 
 
-def deal_by_cost(costs: Sequence[float], shares: Sequence[float]) -> list[list[int]]:
+def deal_by_cost(costs: Sequence[float], shares: Sequence[float], caps: Sequence[int] | None = None
+                 ) -> list[list[int]]:
     """Positions (into ``costs``) per rank: longest first to the rank with the earliest predicted
     finish ``(load + cost) / share``; every rank gets at least one sample; ties go to the lower
-    position and the lower rank, so every rank computes the same answer.
+    position and the lower rank, so every rank computes the same answer. ``caps`` (a per-rank
+    memory cap in samples, ``balance.max_batch_sizes``) is never exceeded.
 
     Example::
 
@@ -38,11 +40,15 @@ def deal_by_cost(costs: Sequence[float], shares: Sequence[float]) -> list[list[i
         raise ValueError(f"{n} samples cannot give each of {w} ranks one")
     if any(s <= 0 for s in shares) or any(c < 0 for c in costs):
         raise ValueError(f"shares={list(shares)!r} must be > 0 and costs >= 0")
+    caps = [n] * w if caps is None else [int(c) for c in caps]
+    if sum(caps) < n:
+        raise ValueError(f"max_batch_sizes={caps!r} hold {sum(caps)} samples but the batch has {n}")
     order = sorted(range(n), key=lambda i: (-costs[i], i))
     slots: list[list[int]] = [[] for _ in range(w)]
     loads = [0.0] * w
     for i in order:  # O(n w): w is the world size
-        r = min(range(w), key=lambda r: ((loads[r] + costs[i]) / shares[r], r))
+        r = min((r for r in range(w) if len(slots[r]) < caps[r]),
+                key=lambda r: ((loads[r] + costs[i]) / shares[r], r))
         slots[r].append(i)
         loads[r] += costs[i]
     for r in range(w):  # a rank left without work takes the cheapest sample of the fullest rank
@@ -69,12 +75,15 @@ class CostedBatchSampler(HeteroBatchSampler):
         costs: one cost per dataset index (e.g. its token count): what a sample costs to compute.
         units: one loss-denominator unit per dataset index; None counts samples (a mean over
             samples), ``costs`` for a mean over tokens.
+        caps: per-rank memory caps in samples (``balance.max_batch_sizes``).
         **kwargs: as for :class:`HeteroBatchSampler`.
     """
 
     def __init__(self, num_samples: int, batch_sizes: Sequence[int], rank: int | None,
-                 costs: Sequence[float], units: Sequence[float] | None = None, **kwargs) -> None:
+                 costs: Sequence[float], units: Sequence[float] | None = None, caps: Sequence[int] | None = None,
+                 **kwargs) -> None:
         super().__init__(num_samples, batch_sizes, rank, **kwargs)
+        self.caps = None if caps is None else list(caps)
         if len(costs) != num_samples or (units is not None and len(units) != num_samples):
             raise ValueError(f"sample costs have {len(costs)} entries but the dataset has {num_samples} samples")
         self.costs = [float(c) for c in costs]
@@ -100,7 +109,8 @@ class CostedBatchSampler(HeteroBatchSampler):
             sizes = super().plan(step_in_epoch, epoch).sizes
             starts = [sum(sizes[:r]) for r in range(len(sizes))]
             return [batch[s:s + b] for s, b in zip(starts, sizes)]
-        return [[batch[p] for p in slot] for slot in deal_by_cost([self.costs[i] for i in batch], shares)]
+        dealt = deal_by_cost([self.costs[i] for i in batch], shares, self.caps)
+        return [[batch[p] for p in slot] for slot in dealt]
 
     def plan(self, step_in_epoch: int, epoch: int | None = None) -> StepPlan:
         slots = self.slots(step_in_epoch, epoch)

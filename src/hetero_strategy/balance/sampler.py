@@ -71,6 +71,9 @@ class StepPlan(tuple):
     def global_batch(self) -> int:
         return self[1]
 
+    def __getnewargs__(self):  # pickle and deepcopy rebuild it through __new__
+        return tuple(self)
+
     @property
     def units(self) -> tuple[list[float], float] | None:
         return self[2]

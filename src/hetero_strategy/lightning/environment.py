@@ -23,7 +23,8 @@ class UnevenNodesEnvironment(TorchElasticEnvironment):
         local = int(os.environ.get("LOCAL_WORLD_SIZE", num_devices))
         if num_devices != local:
             raise ValueError(f"devices={num_devices} is invalid on this node: torchrun started {local} processes "
-                             f"here; pass devices={local} (or devices='auto'); nodes may differ in size")
+                             f"here; pass devices={local} (devices=int(os.environ['LOCAL_WORLD_SIZE'])); nodes may "
+                             "differ in size")
 
 
 def allow_uneven_nodes(environment: Any) -> Any:

@@ -34,7 +34,12 @@ from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.precision import RankPrecision
-from hetero_strategy.runtime.loaders import hetero_train_loader, probe_batch, train_loader_batch_size
+from hetero_strategy.runtime.loaders import (
+    check_sample_cost,
+    hetero_train_loader,
+    probe_batch,
+    train_loader_batch_size,
+)
 from hetero_strategy.runtime.planner import plan_batch_sizes
 from hetero_strategy.runtime.timer import StepTimer
 
@@ -115,6 +120,7 @@ class HeteroRuntime:
         micro-batches per optimizer step: calibrated splits change only between windows.
         """
         batch = train_loader_batch_size(loader)
+        check_sample_cost(self.config, accumulate)
         global_batch = batch * self.world_size
         self.config.balance.check_world_size(self.world_size, global_batch)
         probe = None if measure is None else lambda: self._probe(loader, batch, measure)
@@ -123,11 +129,12 @@ class HeteroRuntime:
                                  on_costs=probed.extend)
         loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle,
                                                    self.config.balance.sample_cost,
-                                                   self.config.balance.loss_normalization)
+                                                   self.config.balance.loss_normalization,
+                                                   self.config.balance.max_batch_sizes)
         if self.config.calibration.calibrate:
             from hetero_strategy.balance.calibrator import Calibrator
 
-            fixed = [c.fixed_s for c in probed] or None  # the probe's affine fit, when one ran
+            fixed = [accumulate * c.fixed_s for c in probed] or None  # the probe's fit, per optimizer step
             self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes, fixed), self.sampler, accumulate)
         self._warn_partial_window(loader, global_batch, accumulate)
         self._restore_pending()

@@ -14,7 +14,8 @@ from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.costed import CostedBatchSampler
 from hetero_strategy.config import ConfigError
 
-__all__ = ["hetero_train_loader", "is_shuffled", "probe_batch", "sample_costs", "train_loader_batch_size"]
+__all__ = ["check_sample_cost", "hetero_train_loader", "is_shuffled", "probe_batch", "sample_costs",
+           "train_loader_batch_size"]
 
 
 def train_loader_batch_size(loader: DataLoader) -> int:
@@ -69,6 +70,21 @@ def _rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
     return DataLoader(**kwargs)
 
 
+def check_sample_cost(config: Any, accumulate: int) -> None:
+    """Refuse what dealing by cost cannot do yet, before any work (a HeteroConfig and the window)."""
+    if config.balance.sample_cost is None:
+        return
+    if accumulate > 1:
+        # NOTE: the hook weights a window's summed gradient by its last micro-batch's share; dealt
+        # shares change from micro-batch to micro-batch, so the sum would be mis-weighted.
+        raise ConfigError(f"sample_cost={config.balance.sample_cost!r} is invalid with gradient accumulation "
+                          f"({accumulate} micro-batches per step): use accumulate 1, or unset sample_cost")
+    if config.calibration.calibrate:
+        raise ConfigError(f"sample_cost={config.balance.sample_cost!r} is invalid with calibrate=True: online "
+                          "calibration models time by sample count and cannot follow dealt batches yet; "
+                          "set calibrate=False (the capacity split still sets each rank's share)")
+
+
 def sample_costs(dataset: Any, attribute: str) -> list[float]:
     """One cost per sample from ``dataset.<attribute>`` (balance.sample_cost), checked up front."""
     values = getattr(dataset, attribute, None)
@@ -85,7 +101,8 @@ def sample_costs(dataset: Any, attribute: str) -> list[float]:
 
 def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, seed: int,
                         shuffle: bool | None = None, sample_cost: str | None = None,
-                        loss_normalization: str = "samples") -> tuple[DataLoader, HeteroBatchSampler]:
+                        loss_normalization: str = "samples", caps: list[int] | None = None
+                        ) -> tuple[DataLoader, HeteroBatchSampler]:
     """The training loader with capacity-sized slices of each global batch (order: the user's shuffle).
 
     ``rank`` None yields every rank's slice in turn, for a framework that shards batches itself
@@ -96,10 +113,13 @@ def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, 
     kwargs = dict(shuffle=is_shuffled(loader) if shuffle is None else shuffle, seed=seed, drop_last=loader.drop_last)
     costs = None if sample_cost is None else sample_costs(loader.dataset, sample_cost)
     units = costs if loss_normalization == "tokens" else None
+    if units is not None and min(units) <= 0:
+        raise ConfigError(f"sample_cost={sample_cost!r} is invalid with loss_normalization='tokens': a sample with "
+                          "0 tokens adds nothing to the loss's denominator; drop empty samples from the dataset")
     if costs is None:
         sampler = HeteroBatchSampler(len(loader.dataset), sizes, rank, **kwargs)
     else:
-        sampler = CostedBatchSampler(len(loader.dataset), sizes, rank, costs=costs, units=units, **kwargs)
+        sampler = CostedBatchSampler(len(loader.dataset), sizes, rank, costs=costs, units=units, caps=caps, **kwargs)
     return _rebuild(loader, batch_sampler=sampler), sampler
 
 
