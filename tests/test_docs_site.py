@@ -56,14 +56,10 @@ def _code(page: str) -> str:
     return re.search(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.DOTALL).group(1)
 
 
-def _env() -> dict[str, str]:
-    return launch_env()
-
-
 @pytest.mark.slow
 def test_lightning_quickstart_runs_as_printed(tmp_path):
     (tmp_path / "train.py").write_text(_code("quickstart-lightning.md"))
-    rc, log = run_command([sys.executable, "train.py"], env=_env(), cwd=tmp_path, timeout=180)
+    rc, log = run_command([sys.executable, "train.py"], env=launch_env(), cwd=tmp_path, timeout=180)
     assert rc == 0, log[-4000:]
     assert "global batch 64 split as [48, 16]" in log  # capacities 3:1 of G = 32 x 2, as the page says
     assert re.search(r"rank 0: batch sizes \[48, 16\]", log) and re.search(r"rank 1: batch sizes \[48, 16\]", log)
@@ -72,7 +68,7 @@ def test_lightning_quickstart_runs_as_printed(tmp_path):
 @pytest.mark.slow
 def test_accelerate_quickstart_runs_as_printed(tmp_path):
     (tmp_path / "train_accelerate.py").write_text(_code("quickstart-accelerate.md"))
-    env = dict(_env(), ACCELERATE_USE_CPU="true")
+    env = dict(launch_env(), ACCELERATE_USE_CPU="true")
     rc, log = run_command([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
                            "--main_process_port", env["MASTER_PORT"], "train_accelerate.py"],
                           env=env, cwd=tmp_path, timeout=180)

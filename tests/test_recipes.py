@@ -21,13 +21,9 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def _env() -> dict[str, str]:
-    return launch_env()
-
-
 def _lightning(script: str, tmp_path: Path, *args: str, torchrun: bool = False) -> str:
     """The script as its docstring launches it: ``python`` (Lightning starts rank 1) or ``torchrun``."""
-    env = _env()
+    env = launch_env()
     launcher = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                 "--master-port", env["MASTER_PORT"]] if torchrun else [sys.executable]
     rc, log = run_command([*launcher, str(RECIPES / script), "--trainer.accelerator=cpu", "--trainer.devices=2",
@@ -37,7 +33,7 @@ def _lightning(script: str, tmp_path: Path, *args: str, torchrun: bool = False) 
 
 
 def _accelerate(script: str, tmp_path: Path, *args: str) -> str:
-    env = dict(_env(), ACCELERATE_USE_CPU="true")
+    env = dict(launch_env(), ACCELERATE_USE_CPU="true")
     rc, log = run_command([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
                            "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                            env["MASTER_PORT"], str(RECIPES / script), "--eval-batches", "1", *args],

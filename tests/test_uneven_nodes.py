@@ -4,6 +4,8 @@ HeteroStrategy trains it with one-process semantics."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +22,24 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 @pytest.mark.slow
 def test_one_plus_two_nodes_train_like_one_process(tmp_path):
     env = launch_env()
-    agents = []
+    agents, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
     try:
-        for node, procs in ((0, 1), (1, 2)):  # two torchrun agents, as on two machines
-            agents.append(subprocess.Popen(
-                [str(TORCHRUN), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", str(procs),
-                 "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"], str(SCRIPT), str(tmp_path)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        logs = [a.communicate(timeout=180)[0] for a in agents]
+        for (node, procs), log in zip(((0, 1), (1, 2)), logs):  # two torchrun agents, as on two machines
+            # NOTE: output to files, not pipes: read one at a time, the other agent's pipe fills and
+            # its ranks block in write() while their peers wait in a collective.
+            with log.open("w") as out:
+                agents.append(subprocess.Popen(
+                    [str(TORCHRUN), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", str(procs),
+                     "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"], str(SCRIPT), str(tmp_path)],
+                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        for a in agents:
+            a.wait(timeout=180)
     finally:
         for a in agents:
-            if a.poll() is None:
-                import os
-                import signal
-
+            if a.poll() is None:  # a session of its own: the agent's ranks die with it
                 os.killpg(a.pid, signal.SIGKILL)
                 a.wait()
-    assert all(a.returncode == 0 for a in agents), "\n".join(log[-3000:] for log in logs)
+    assert all(a.returncode == 0 for a in agents), "\n".join(log.read_text()[-3000:] for log in logs)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
     assert [(r["world"], r["node"]) for r in results] == [(3, 0), (3, 1), (3, 1)]
     want = one_process_sgd(make_data(64), global_batch=18, steps=4, shuffle=True)

@@ -18,9 +18,7 @@ from collections.abc import Sequence
 
 from hetero_strategy.balance.sampler import HeteroBatchSampler, StepPlan
 
-__all__ = ["LOSS_NORMALIZATIONS", "CostedBatchSampler", "deal_by_cost", "unit_weights"]
-
-LOSS_NORMALIZATIONS = ("samples", "tokens")
+__all__ = ["CostedBatchSampler", "deal_by_cost", "unit_weights"]
 
 
 def deal_by_cost(costs: Sequence[float], shares: Sequence[float], caps: Sequence[int] | None = None

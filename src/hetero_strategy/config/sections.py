@@ -7,6 +7,8 @@ from pathlib import Path
 
 from hetero_strategy.config.errors import _check_positive_list, _fail
 
+LOSS_NORMALIZATIONS = ("samples", "tokens")  # what a loss averages over (BalanceConfig.loss_normalization)
+
 __all__ = ["BalanceConfig", "CalibrationConfig"]
 
 
@@ -58,7 +60,7 @@ class BalanceConfig:
             _fail("seed", self.seed, "must be an integer or None")
         if self.sample_cost is not None and (not isinstance(self.sample_cost, str) or not self.sample_cost):
             _fail("sample_cost", self.sample_cost, "name the dataset attribute with one cost per sample, e.g. 'lengths'")
-        if self.loss_normalization not in ("samples", "tokens"):
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
             _fail("loss_normalization", self.loss_normalization, "choose 'samples' or 'tokens'")
         if self.loss_normalization == "tokens" and self.sample_cost is None:
             _fail("loss_normalization", self.loss_normalization,
