@@ -179,3 +179,57 @@ def test_affine_step_cost_lands_on_the_best_split_in_one_move():
 def test_fixed_costs_of_the_wrong_length_are_refused():
     with pytest.raises(ValueError, match=r"fixed_s=\[0.1\] is invalid"):
         Calibrator(_cfg(), [4, 4], fixed_s=[0.1])
+
+
+def _walled_drive(cal, speeds, wall_of, steps, seed=0, noise=0.01):
+    """Feeds compute times b_r / speed_r and the step's wall time ``wall_of(sizes, times)``."""
+    rng = random.Random(seed)
+    visits = []
+    for step in range(steps):
+        times = _timings(cal.sizes, speeds, rng, noise)
+        cal.observe(step, times, cal.sizes, wall_of(cal.sizes, times))
+        visits.append(tuple(cal.sizes))
+    return visits
+
+
+def test_a_move_the_measured_step_time_contradicts_is_undone():
+    """Compute says 'give rank 0 more' (1000 vs 570 samples/s), but past 150 samples rank 0's step
+    pays 0.2 s the model cannot see (say, memory pressure). Starting from the probe's plan [150, 106], the calibrator
+    tries the model's move once, measures it slower, returns to [150, 106] and stays there (one
+    retry after _FORGET_AFTER decisions at most); without wall times it keeps the slower plan."""
+    speeds, start = [1000.0, 570.0], [150, 106]
+
+    def wall(sizes, times):
+        return max(times) + (0.2 if sizes[0] > 150 else 0.0)
+
+    cfg = _cfg(cold_start_steps=5, recalibrate_every=10, window=20)
+    visits = _walled_drive(Calibrator(cfg, start), speeds, wall, steps=400)
+    assert any(v[0] > 150 for v in visits)  # the model's move was tried
+    slow_steps = sum(v[0] > 150 for v in visits)
+    assert slow_steps <= 2 * 10 * 2  # the first try and at most one retry, ~2 periods each
+    assert visits[-1] == tuple(start)
+    blind = _walled_drive(Calibrator(cfg, start), speeds, lambda s, t: float("nan"), steps=400)
+    assert blind[-1][0] > 150
+
+
+@pytest.mark.parametrize("comm_s", [0.0, 0.3])
+def test_wall_times_that_agree_with_the_model_do_not_block_convergence(comm_s):
+    # the step is the slowest rank's compute plus a fixed exchange: the better split is faster
+    cfg = _cfg(cold_start_steps=5, recalibrate_every=10, window=20)
+    visits = _walled_drive(Calibrator(cfg, [128, 128]), [1000.0, 570.0], lambda s, t: max(t) + comm_s, steps=300)
+    assert visits[-1][0] / visits[-1][1] == pytest.approx(1 / 0.57, rel=0.05)
+
+
+def test_measured_plans_survive_state_dict():
+    cfg = _cfg(cold_start_steps=5, recalibrate_every=10, window=20)
+
+    def wall(sizes, times):
+        return max(times) + (0.2 if sizes[0] > 150 else 0.0)
+
+    a = Calibrator(cfg, [150, 106])
+    _walled_drive(a, [1000.0, 570.0], wall, steps=60)
+    assert a.rejected and a.measured  # the slower plan was tried and undone by step 60
+    b = Calibrator(cfg, [150, 106])
+    b.load_state_dict(a.state_dict())
+    assert (b.measured, b.rejected, b.sizes) == (a.measured, a.rejected, a.sizes)
+    assert _walled_drive(a, [1000.0, 570.0], wall, 100, seed=3) == _walled_drive(b, [1000.0, 570.0], wall, 100, seed=3)

@@ -18,6 +18,12 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
    to G, so every point on the way does too.
 5. Round with :func:`split_batch` (largest remainder; each b_r >= 1, capped at the upper bound).
 
+The model predicts compute only; a step also pays communication and contention it cannot see. So
+each decision first compares the *measured* step time (median, slowest rank) of the current plan
+with the fastest plan measured so far: a plan more than 1% slower is undone (back to the fastest)
+and not proposed again for the next ``_FORGET_AFTER`` decisions. A run that starts from the probe's
+plan therefore never settles on a measurably slower one.
+
 Example::
 
     cal = Calibrator(CalibrationConfig(calibrate=True, recalibrate_every=20, window=20), [128, 128])
@@ -46,6 +52,10 @@ __all__ = ["Calibrator"]
 _DEADBAND = 0.02
 # Fewest steps with the current sizes that a decision needs (the window may be longer).
 _MIN_ROWS = 5
+# A plan whose median step is this much slower than the fastest measured plan is undone.
+_WORSE = 0.01
+# Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted).
+_FORGET_AFTER = 10
 
 
 class Calibrator:
@@ -67,15 +77,21 @@ class Calibrator:
         self.config = config
         self.sizes: list[int] = sizes
         self.global_batch = sum(sizes)
-        self.rows: deque[tuple[tuple[float, ...], tuple[int, ...]]] = deque(maxlen=config.window)
+        # (per-rank compute times, per-rank sizes, the step's wall time or nan)
+        self.rows: deque[tuple[tuple[float, ...], tuple[int, ...], float]] = deque(maxlen=config.window)
         self.decisions: list[tuple[int, list[int]]] = []  # (step, new sizes), for logs and tests
+        self.measured: dict[tuple[int, ...], float] = {}  # plan -> its median step time
+        self.rejected: dict[tuple[int, ...], int] = {}  # undone plan -> the decision that undid it
+        self._decision_count = 0
 
-    def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int]
-                ) -> list[int] | None:
+    def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int],
+                step_s: float | None = None) -> list[int] | None:
         """Record step ``step``'s timings; returns the new sizes when a decision changes them.
 
         ``per_rank_batch`` are the sizes this step really ran with (the strategy applies a decision
         from a later step, so rows from before it took effect are recognised and skipped).
+        ``step_s`` is the step's measured time (the slowest rank's, communication included); without
+        it plans are chosen by the compute model alone.
         """
         n = len(self.sizes)
         if len(per_rank_compute_s) != n or len(per_rank_batch) != n:
@@ -86,8 +102,9 @@ class Calibrator:
             return None  # warm-up steps (allocator, caches, autotuning) would mislead the estimate
         times = tuple(float(t) for t in per_rank_compute_s)
         batch = tuple(int(b) for b in per_rank_batch)
+        wall = float(step_s) if step_s is not None and math.isfinite(step_s) and step_s > 0 else math.nan
         if all(math.isfinite(t) and t > 0 for t in times) and sum(batch) == self.global_batch:
-            self.rows.append((times, batch))
+            self.rows.append((times, batch, wall))
         if (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every != 0:
             return None
         new = self._decide()
@@ -99,9 +116,14 @@ class Calibrator:
 
     def _decide(self) -> list[int] | None:
         current = tuple(self.sizes)
-        rows = [t for t, b in self.rows if b == current]
+        rows = [t for t, b, _ in self.rows if b == current]
         if len(rows) < _MIN_ROWS:
             return None
+        self._decision_count += 1
+        self.rejected = {p: d for p, d in self.rejected.items() if self._decision_count - d < _FORGET_AFTER}
+        undo = self._undo_if_slower(current)
+        if undo is not None:
+            return undo
         n = len(current)
         median = [statistics.median(r[k] for r in rows) for k in range(n)]
         if (max(median) - min(median)) / max(median) <= _DEADBAND:
@@ -121,7 +143,22 @@ class Calibrator:
             if abs(delta) > 1e-12:
                 lam = min(lam, max(room, 0) / abs(delta))
         moved = [current[k] + lam * (target[k] - current[k]) for k in range(n)]
-        return split_batch(self.global_batch, moved, max_per_rank=hi)
+        new = split_batch(self.global_batch, moved, max_per_rank=hi)
+        return None if tuple(new) in self.rejected else new
+
+    def _undo_if_slower(self, current: tuple[int, ...]) -> list[int] | None:
+        """Record the current plan's measured step time; the fastest plan if this one is slower."""
+        walls = [w for _, b, w in self.rows if b == current and not math.isnan(w)]
+        if len(walls) < _MIN_ROWS:
+            return None
+        self.measured[current] = statistics.median(walls)
+        best = min(self.measured, key=self.measured.__getitem__)
+        # bounded: only the plans a later decision can still compare against are kept
+        self.measured = {p: t for p, t in self.measured.items() if p in (best, current) or p in self.rejected}
+        if best != current and self.measured[current] > self.measured[best] * (1.0 + _WORSE):
+            self.rejected[current] = self._decision_count
+            return list(best)
+        return None
 
     def _bounds(self) -> tuple[list[int], list[int]]:
         """Integer bounds of one move: within +-max_change, but always at least one sample of room."""
@@ -132,8 +169,10 @@ class Calibrator:
 
     # ---- checkpointing -----------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "rows": [[list(t), list(b)] for t, b in self.rows],
-                "decisions": [[s, list(d)] for s, d in self.decisions]}
+        return {"sizes": list(self.sizes), "rows": [[list(t), list(b), w] for t, b, w in self.rows],
+                "decisions": [[s, list(d)] for s, d in self.decisions],
+                "measured": [[list(p), t] for p, t in self.measured.items()],
+                "rejected": [[list(p), d] for p, d in self.rejected.items()], "decision_count": self._decision_count}
 
     def load_state_dict(self, state: dict) -> None:
         sizes = [int(b) for b in state["sizes"]]
@@ -142,5 +181,9 @@ class Calibrator:
                              f"({len(self.sizes)} ranks, global batch {self.global_batch})")
         self.sizes = sizes
         self.rows.clear()
-        self.rows.extend((tuple(float(x) for x in t), tuple(int(x) for x in b)) for t, b in state["rows"])
+        self.rows.extend((tuple(float(x) for x in row[0]), tuple(int(x) for x in row[1]),
+                          float(row[2]) if len(row) > 2 else math.nan) for row in state["rows"])
         self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]
+        self.measured = {tuple(int(x) for x in p): float(t) for p, t in state.get("measured", [])}
+        self.rejected = {tuple(int(x) for x in p): int(d) for p, d in state.get("rejected", [])}
+        self._decision_count = int(state.get("decision_count", 0))

@@ -7,6 +7,7 @@ same gathered rows to its own :class:`Calibrator` and so schedules the same new 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from hetero_strategy.balance.probe import all_gather_floats
@@ -26,7 +27,7 @@ class OnlineBalancer:
         balancer = OnlineBalancer(Calibrator(cfg, sampler.batch_sizes), sampler)
         for step, batch in enumerate(loader):
             ...  # forward, backward (timed until the last bucket reaches the hook), optimizer step
-            balancer.step_end(step, compute_s, len(batch))
+            balancer.step_end(step, compute_s, len(batch), step_s)
     """
 
     def __init__(self, calibrator: Calibrator, sampler: HeteroBatchSampler, accumulate: int = 1) -> None:
@@ -35,28 +36,33 @@ class OnlineBalancer:
         # micro-batches per optimizer step: a new split starts with an accumulation window, since
         # the comm hook weights a window's summed gradient by its last micro-batch's b_r / G
         self.accumulate = max(1, int(accumulate))
-        self._pending: list[tuple[int, float, int]] = []  # (step, compute_s, local batch)
+        self._pending: list[tuple[int, float, int, float]] = []  # (step, compute_s, local batch, step_s)
 
     def decision_due(self, step: int) -> bool:
         cfg = self.calibrator.config
         return step >= cfg.cold_start_steps and (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every == 0
 
-    def step_end(self, step: int, compute_s: float, local_batch: int) -> list[int] | None:
+    def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float = math.nan) -> list[int] | None:
         """Record this rank's step; at a decision step, gather all ranks' rows and decide.
+
+        ``step_s`` is this rank's whole step (communication included); the slowest rank's is the
+        step's time, which the calibrator compares between plans.
 
         Returns the new sizes (scheduled from the first step the sampler has not yielded yet) or None.
         """
         if step >= self.calibrator.config.cold_start_steps:
-            self._pending.append((step, compute_s, local_batch))
+            self._pending.append((step, compute_s, local_batch, step_s))
         if not self.decision_due(step):
             return None
-        mine = [x for _, t, b in self._pending for x in (t, float(b))]
-        rows = all_gather_floats(mine)  # every rank: [t0, b0, t1, b1, ...] for the same steps
+        mine = [x for _, t, b, w in self._pending for x in (t, float(b), w)]
+        rows = all_gather_floats(mine)  # every rank: [t0, b0, w0, t1, b1, w1, ...] for the same steps
         decision = None
-        for i, (s, _, _) in enumerate(self._pending):
-            times = [row[2 * i] for row in rows]
-            batches = [int(row[2 * i + 1]) for row in rows]
-            decision = self.calibrator.observe(s, times, batches) or decision
+        for i, (s, _, _, _) in enumerate(self._pending):
+            times = [row[3 * i] for row in rows]
+            batches = [int(row[3 * i + 1]) for row in rows]
+            walls = [row[3 * i + 2] for row in rows]
+            wall = math.nan if any(math.isnan(w) for w in walls) else max(walls)
+            decision = self.calibrator.observe(s, times, batches, wall) or decision
         self._pending.clear()
         if decision is not None:
             self.sampler.set_batch_sizes(decision, from_step=self._window_start(self.sampler.next_unyielded_step()))
@@ -75,4 +81,5 @@ class OnlineBalancer:
 
     def load_state_dict(self, state: dict) -> None:
         self.calibrator.load_state_dict(state["calibrator"])
-        self._pending = [(int(s), float(t), int(b)) for s, t, b in state.get("pending", [])]
+        self._pending = [(int(r[0]), float(r[1]), int(r[2]), float(r[3]) if len(r) > 3 else math.nan)
+                         for r in state.get("pending", [])]

@@ -202,7 +202,7 @@ class HeteroRuntime:
         self.timer.step_end(getattr(self.hook_state, "last_bytes_sent", 0))
         if self.balancer is None:
             return None
-        new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch)
+        new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch, self.timer.step_time)
         if new is not None:
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new
