@@ -1,15 +1,22 @@
-"""``hetero-strategy bench balance``: plain DDP vs ``strategy="hetero"`` on an emulated 2-rank cluster.
+"""``hetero-strategy bench balance``: plain DDP vs ``strategy="hetero"`` on an emulated cluster.
 
 One run, alternating: each round launches (on the same emulated cluster) the solo/all-reduce probe,
-then plain Lightning ``"ddp"``, ``"hetero"`` with the static probe and ``"hetero"`` with online
-calibration from equal shares; odd rounds run the three trainings in reverse order, so drift in the
-machine's load does not favour one of them. Figures are medians over rounds (definitions in
-:mod:`hetero_strategy.benchmarks_impl.balance_metrics`). Workload: torchvision ResNet-18 on sklearn
-digits upsampled to 32x32, batch B per rank.
+then each training of ``--trainings`` (default: plain Lightning ``"ddp"``, ``"hetero"`` with the
+static probe and ``"hetero"`` with online calibration from equal shares); odd rounds run them in
+reverse order, so drift in the machine's load does not favour one of them. ``--sweep`` adds fixed
+splits around the first round's static plan (:func:`~hetero_strategy.benchmarks_impl.balance_summary.sweep_splits`),
+run in every round: the best of them is the best split this machine achieves. Figures are medians
+over rounds with their spread (definitions in :mod:`hetero_strategy.benchmarks_impl.balance_metrics`).
+Workload: torchvision ResNet-18 (or ``--model resnet18_l3``, without layer4) on sklearn digits
+upsampled to 32x32, batch B per rank.
 
 Example::
 
-    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --json benchmarks/results/balance.json
+    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --rounds 5 --sweep
+    # 4 ranks, mixed links: hetero + tiered against DDP and DDP + PowerSGD
+    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 \
+        --link 10gbit,10gbit,1gbit,100mbit --batch 64 --model resnet18_l3 \
+        --trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
     hetero-strategy bench balance --simulate --rounds 1 --steps 20   # without root (labelled simulated)
 """
 
@@ -17,20 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from hetero_strategy.benchmarks_impl.balance_summary import MODELS, TRAININGS, goals, summarise, sweep_splits
+
 __all__ = ["add_arguments", "goals", "run"]
 
 _WORKER = "hetero_strategy.benchmarks_impl.balance_worker"
-_TRAININGS = ("ddp", "hetero", "hetero_cal")
-# Issue 3's goals, for the static probe and for calibration from equal shares (idle: at most).
-_GOALS = {"throughput_vs_ideal": 0.95, "speedup_vs_ddp": 1.3, "fast_rank_idle_fraction_hetero": 0.05,
-          "throughput_vs_ideal_calibrated": 0.95, "speedup_vs_ddp_calibrated": 1.3,
-          "fast_rank_idle_fraction_hetero_calibrated": 0.05}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +42,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
     parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
     parser.add_argument("--batch", type=int, default=128, help="mean per-rank batch B (default 128)")
+    parser.add_argument("--model", choices=MODELS, default="resnet18", help="workload model (default resnet18)")
+    parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
+                        help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
+    parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
+    parser.add_argument("--sweep-points", default="0.8,0.9,1.0,1.1,1.2",
+                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.8,...,1.2)")
     parser.add_argument("--steps", type=int, default=30, help="training steps of ddp / static hetero runs")
     parser.add_argument("--cal-steps", type=int, default=60, help="steps of the calibrated run (from equal shares)")
     parser.add_argument("--measure", type=int, default=12, help="figures use the last N steps of each run")
     parser.add_argument("--recalibrate-every", type=int, default=10, help="calibrator period in the bench")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")
     parser.add_argument("--overlap-comm", choices=("on", "off"), default="on",
                         help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way, the "
                              "default), off = after it")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per launch")
+
+
+def _check(args: argparse.Namespace) -> tuple[list[str], list[float]] | str:
+    trainings = [t.strip() for t in args.trainings.split(",") if t.strip()]
+    bad = [t for t in trainings if t not in TRAININGS]
+    if bad or not trainings or len(set(trainings)) != len(trainings):
+        return f"--trainings={args.trainings!r} is invalid: give distinct names from {', '.join(TRAININGS)}"
+    if args.sweep and "hetero" not in trainings:
+        return "--sweep needs the static plan: include hetero in --trainings"
+    try:
+        alphas = [float(a) for a in args.sweep_points.split(",")]
+    except ValueError:
+        return f"--sweep-points={args.sweep_points!r} is invalid: give numbers such as 0.8,0.9,1.0,1.1,1.2"
+    if args.rounds < 1:
+        return f"--rounds={args.rounds} is invalid: run at least 1 round (5 or more to report medians)"
+    cal = any(t in ("hetero_cal", "hetero_auto") for t in trainings)
+    if args.measure >= args.steps or (cal and args.cal_steps - args.measure < 5 + 3 * args.recalibrate_every):
+        return ("--measure must be below --steps, and --cal-steps must leave room for three calibration "
+                "decisions before the measured steps")
+    return trainings, alphas
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,91 +88,85 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
 
     console = Console()
-    compute = parse_float_list(args.compute, "--compute")
-    if args.measure >= args.steps or args.cal_steps - args.measure < 5 + 3 * args.recalibrate_every:
-        console.print("[red]bench balance: --measure must be below --steps, and --cal-steps must leave room for "
-                      "three calibration decisions before the measured steps")
+    checked = _check(args)
+    if isinstance(checked, str):
+        console.print(f"[red]bench balance: {checked}")
         return 2
-    rounds = []
+    trainings, alphas = checked
+    compute = parse_float_list(args.compute, "--compute")
+    rounds: list[dict] = []
+    splits: list[list[int]] = []
     try:
         with EmulatedCluster(compute, parse_link_list(args.link), simulate=args.simulate) as cluster, \
                 tempfile.TemporaryDirectory(prefix="bench_balance_") as tmp:
             console.print(cluster_table(cluster.describe()))
             for i in range(args.rounds):
-                order = _TRAININGS if i % 2 == 0 else tuple(reversed(_TRAININGS))
-                raw = {m: _launch(cluster, m, args, Path(tmp, f"round{i}"), console) for m in ("solo", *order)}
-                rounds.append(_round(raw, args))
+                out = Path(tmp, f"round{i}")
+                jobs = [(m, m, None) for m in trainings] + [(f"split{j}", "split", s) for j, s in enumerate(splits)]
+                jobs = jobs if i % 2 == 0 else jobs[::-1]
+                raw = {name: _launch(cluster, mode, sizes, args, out / name, console)
+                       for name, mode, sizes in [("solo", "solo", None), *jobs]}
+                if args.sweep and not splits:  # round 0: the sweep is centred on its static plan
+                    splits = sweep_splits(_plan(raw["hetero"]), alphas)
+                    raw.update({f"split{j}": _launch(cluster, "split", s, args, out / f"split{j}", console)
+                                for j, s in enumerate(splits)})
+                rounds.append(_round(raw, trainings, splits, args))
                 console.print(f"round {i + 1}/{args.rounds}: " + ", ".join(
-                    f"{m} {rounds[-1][f'{m}_samples_per_s']:.0f}/s" for m in _TRAININGS) +
+                    f"{m} {rounds[-1][f'{m}_samples_per_s']:.0f}/s" for m in trainings) +
+                    "".join(f", {p['sizes']} {p['samples_per_s']:.0f}/s" for p in rounds[-1].get("sweep", [])) +
                     f", ideal {rounds[-1]['ideal_samples_per_s']:.0f}/s")
             description = cluster.describe()
     except (EmulatorError, RuntimeError) as e:
         console.print(f"[red]bench balance: {e}")
         return 1
-    result = _summarise(rounds, args, description, "simulated" if args.simulate else "namespaces")
+    result = summarise(rounds, trainings, _config(args), description, "simulated" if args.simulate else "namespaces")
     _write(result, args, console)
     return 0
 
 
-def _launch(cluster: Any, mode: str, args: argparse.Namespace, out: Path, console: Any) -> list[dict]:
+def _plan(ranks: list[dict]) -> list[int]:
+    return [int(b) for b in ranks[0]["final_sizes"]] if "final_sizes" in ranks[0] else [
+        int(r["batches"][-1]) for r in ranks]
+
+
+def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Namespace, out: Path,
+            console: Any) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    steps = args.cal_steps if mode == "hetero_cal" else args.steps
+    steps = args.cal_steps if mode in ("hetero_cal", "hetero_auto") else args.steps
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
-           "--steps", str(steps), "--recalibrate-every", str(args.recalibrate_every)]
-    cmd += ["--overlap-comm", args.overlap_comm]
+           "--steps", str(steps), "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
+           "--overlap-comm", args.overlap_comm]
+    if sizes is not None:
+        cmd += ["--sizes", ",".join(map(str, sizes))]
     res = cluster.run(cmd, timeout=args.timeout)
     if not res.ok:
         tail = "\n".join(f"--- rank {k} ---\n{o[-2500:]}" for k, o in enumerate(res.outputs))
         raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out}):\n{tail}")
-    console.print(f"  {mode}: {res.wall_s:.1f} s")
+    console.print(f"  {mode}{'' if sizes is None else ' ' + str(sizes)}: {res.wall_s:.1f} s")
     return [json.loads(Path(out, f"{mode}_r{k}.json").read_text()) for k in range(len(res.returncodes))]
 
 
-def _round(raw: dict[str, list[dict]], args: argparse.Namespace) -> dict[str, Any]:
+def _round(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]],
+           args: argparse.Namespace) -> dict[str, Any]:
     from hetero_strategy.benchmarks_impl.balance_metrics import mode_figures, round_figures, solo_figures
 
     solo = solo_figures(raw["solo"], args.batch)
-    modes = {m: mode_figures(raw[m], solo, args.measure) for m in _TRAININGS}
-    return round_figures(solo, modes, args.batch * len(raw["solo"]))
+    modes = {m: mode_figures(raw[m], solo, args.measure) for m in trainings}
+    out = round_figures(solo, modes, args.batch * len(raw["solo"]))
+    if splits:
+        out["sweep"] = [{"sizes": s, **mode_figures(raw[f"split{j}"], solo, args.measure)}
+                        for j, s in enumerate(splits)]
+    return out
 
 
-def _summarise(rounds: list[dict], args: argparse.Namespace, description: list[dict], emulation: str) -> dict:
-    def med(key: str) -> float:
-        return statistics.median(r[key] for r in rounds)
-
-    result: dict[str, Any] = {
-        "benchmark": "balance", "emulation": emulation, "cluster": description,
-        "config": {"compute": args.compute, "link": args.link, "batch_per_rank": args.batch, "steps": args.steps,
-                   "cal_steps": args.cal_steps, "measure_last": args.measure, "rounds": args.rounds,
-                   "recalibrate_every": args.recalibrate_every, "overlap_comm": args.overlap_comm,
-                   "workload": "torchvision resnet18 (7x7/2 stem), sklearn digits upsampled to 32x32"},
-        "global_batch": args.batch * len(description),
-        "solo_samples_per_s": [statistics.median(r["solo_samples_per_s"][k] for r in rounds)
-                               for k in range(len(description))],
-        "t_ar_s": med("t_ar_s"), "ideal_samples_per_s": med("ideal_samples_per_s"),
-        "ddp_samples_per_s": med("ddp_samples_per_s"), "hetero_samples_per_s": med("hetero_samples_per_s"),
-        "hetero_cal_samples_per_s": med("hetero_cal_samples_per_s"),
-        "throughput_vs_ideal": med("hetero_vs_ideal"), "throughput_vs_ideal_calibrated": med("hetero_cal_vs_ideal"),
-        "ddp_vs_ideal": med("ddp_vs_ideal"),
-        "speedup_vs_ddp": med("hetero_speedup_vs_ddp"), "speedup_vs_ddp_calibrated": med("hetero_cal_speedup_vs_ddp"),
-        "fast_rank_idle_fraction_ddp": med("fast_rank_idle_fraction_ddp"),
-        "fast_rank_idle_fraction_hetero": med("fast_rank_idle_fraction_hetero"),
-        "fast_rank_idle_fraction_hetero_calibrated": med("fast_rank_idle_fraction_hetero_cal"),
-        "fast_rank_idle_fraction_solo_estimate": {
-            m: med(f"fast_rank_idle_fraction_{m}_solo_estimate") for m in _TRAININGS},
-        "balance_ddp": med("balance_ddp"), "balance_hetero": med("balance_hetero"),
-        "balance_hetero_calibrated": med("balance_hetero_cal"),
-        "batch_sizes": {m: rounds[-1]["modes"][m]["batch_sizes"] for m in _TRAININGS},
-        "calibration_decisions": rounds[-1]["modes"]["hetero_cal"].get("decisions"),
-        "rounds": rounds,
-    }
-    result["goals"] = goals(result)
-    return result
-
-
-def goals(result: dict) -> dict[str, dict]:
-    return {k: {"goal": v, "value": result[k], "met": result[k] >= v if "idle" not in k else result[k] <= v}
-            for k, v in _GOALS.items()}
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    workload = {"resnet18": "torchvision resnet18 (7x7/2 stem)",
+                "resnet18_l3": "torchvision resnet18 without layer4 (7x7/2 stem)"}[args.model]
+    return {"compute": args.compute, "link": args.link, "batch_per_rank": args.batch, "steps": args.steps,
+            "cal_steps": args.cal_steps, "measure_last": args.measure, "rounds": args.rounds,
+            "recalibrate_every": args.recalibrate_every, "overlap_comm": args.overlap_comm, "model": args.model,
+            "trainings": args.trainings, "sweep_points": args.sweep_points if args.sweep else None,
+            "workload": f"{workload}, sklearn digits upsampled to 32x32"}
 
 
 def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
@@ -163,12 +186,23 @@ def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
     for col in ("mode", "samples/s", "vs ideal", "vs DDP", "fast-rank idle", "balance", "batch sizes"):
         table.add_column(col, justify="left" if col in ("mode", "batch sizes") else "right")
     table.add_row("ideal", f"{result['ideal_samples_per_s']:.0f}", "1.00", "", "", "", "")
-    for m, suffix in (("ddp", "ddp"), ("hetero", "hetero"), ("hetero_cal", "hetero_calibrated")):
-        sps = result[f"{m}_samples_per_s"]
-        table.add_row(m, f"{sps:.0f}", f"{sps / result['ideal_samples_per_s']:.2f}",
-                      f"{sps / result['ddp_samples_per_s']:.2f}",
-                      f"{result[f'fast_rank_idle_fraction_{suffix}']:.1%}", f"{result[f'balance_{suffix}']:.2f}",
+    ddp = result.get("ddp_samples_per_s")
+    for m in result["trainings"]:
+        sps, spread = result[f"{m}_samples_per_s"], result["spread"][f"{m}_samples_per_s"]
+        table.add_row(m, f"{sps:.0f} ({spread['min']:.0f}-{spread['max']:.0f})",
+                      f"{sps / result['ideal_samples_per_s']:.2f}", f"{sps / ddp:.2f}" if ddp else "",
+                      f"{result[f'fast_rank_idle_fraction_{m}']:.1%}", f"{result[f'balance_{m}']:.2f}",
                       str(result["batch_sizes"][m]))
+    for point in result.get("sweep", []):
+        best = " (best)" if point["sizes"] == result["best_split"] else ""
+        table.add_row(f"split{best}", f"{point['median']:.0f} ({point['min']:.0f}-{point['max']:.0f})",
+                      f"{point['median'] / result['ideal_samples_per_s']:.2f}",
+                      f"{point['median'] / ddp:.2f}" if ddp else "", "", "", str(point["sizes"]))
     console.print(table)
+    for k, g in result["goals"].items():
+        console.print(f"goal {k}: {g['value']:.3f} (goal {'<=' if 'idle' in k else '>='} {g['goal']}) "
+                      f"{'[green]met' if g['met'] else '[red]not met'}")
+    if result.get("best_split_at_sweep_edge"):
+        console.print("[yellow]the best split is at the sweep's edge: widen --sweep-points to bracket it")
     console.print(f"solo samples/s {[round(s) for s in result['solo_samples_per_s']]}, t_ar {result['t_ar_s']:.3f} s; "
                   f"wrote {path} and {png}")

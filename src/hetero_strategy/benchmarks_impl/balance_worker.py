@@ -9,6 +9,9 @@ Modes (each a separate launch, so every mode starts from the same state):
   ``HeteroStrategy()`` (static probe), ``HeteroStrategy(batch_sizes=[B]*N, calibrate=True)`` or
   ``HeteroStrategy(calibrate=True)`` (probe, then calibration; what ``make demo`` runs);
   every rank records the start time of each step, its batch size and (hetero) its compute time.
+* ``split`` — ``HeteroStrategy(batch_sizes=--sizes)``: one fixed split of the benchmark's sweep.
+* ``ddp_powersgd`` — Lightning ``DDPStrategy`` with PyTorch's own ``powerSGD_hook`` (equal batches).
+* ``hetero_tiered`` — ``HeteroStrategy(compression="tiered")`` with the static probe.
 
 Example::
 
@@ -28,10 +31,13 @@ from pathlib import Path
 import lightning as L
 import torch
 
-__all__ = ["main", "resnet18_32"]
+from hetero_strategy.benchmarks_impl.balance_summary import MODELS, TRAININGS
+
+__all__ = ["MODELS", "MODES", "main", "resnet18_32"]
 
 
 _OVERLAP = {"on": True, "off": False}
+MODES = ("solo", "split", *TRAININGS)
 
 
 def _train_data(batch: int, world: int, steps: int):
@@ -46,17 +52,23 @@ def _train_data(batch: int, world: int, steps: int):
     return TensorDataset(x.repeat(reps, 1, 1, 1), y.repeat(reps))
 
 
-def resnet18_32() -> torch.nn.Module:
+def resnet18_32(model: str = "resnet18") -> torch.nn.Module:
     """torchvision ResNet-18 with its own stem (7x7/2 + max-pool) on 1-channel 32x32 digits.
 
     NOTE: the CIFAR-style stem (3x3/1, no pool) costs 16x the FLOPs at 32x32; this is the model
     the issue's anchor (0.33 s per step at batch 128 on one core) was measured with.
+    ``resnet18_l3`` drops layer4: at 32x32 input layer4 runs on 1x1 maps, so it holds 75% of the
+    parameters (8.4 of 11.2 M) but little of the compute. Its 2.8 M-parameter gradient makes a
+    100 Mbit link cost about 1 s a step instead of 3.6 s, so a 4-rank mixed-link run fits in minutes.
     """
     import torchvision
 
     torch.manual_seed(0)
     net = torchvision.models.resnet18(num_classes=10)
     net.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    if model == "resnet18_l3":
+        net.layer4 = torch.nn.Identity()
+        net.fc = torch.nn.Linear(256, 10)
     return net
 
 
@@ -75,7 +87,7 @@ def _solo(args: argparse.Namespace) -> dict:
     finally:
         os.environ.update(saved)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    grad = torch.zeros(sum(p.numel() for p in resnet18_32().parameters()))  # (P,) the whole gradient
+    grad = torch.zeros(sum(p.numel() for p in resnet18_32(args.model).parameters()))  # (P,) the whole gradient
     ar = []
     for i in range(args.ar_reps + 1):
         dist.barrier()
@@ -101,8 +113,13 @@ def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
         strategy = "auto"
     elif mode == "ddp":
         strategy = "ddp"
-    elif mode == "hetero":
-        strategy = HeteroStrategy(overlap_comm=_OVERLAP[args.overlap_comm])
+    elif mode == "ddp_powersgd":
+        strategy = _powersgd_ddp()
+    elif mode in ("hetero", "hetero_tiered", "split"):
+        kw = {"compression": "tiered"} if mode == "hetero_tiered" else {}
+        if mode == "split":
+            kw["batch_sizes"] = [int(b) for b in args.sizes.split(",")]
+        strategy = HeteroStrategy(overlap_comm=_OVERLAP[args.overlap_comm], **kw)
     else:
         start = {} if mode == "hetero_auto" else {"batch_sizes": [args.batch] * world}
         strategy = HeteroStrategy(**start, calibrate=True, cold_start_steps=args.cold_start,
@@ -114,18 +131,30 @@ def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     loader = DataLoader(_train_data(args.batch, world, steps), batch_size=args.batch, shuffle=True,
                         drop_last=True)
     model = DigitsClassifier(arch="mlp", lr=args.lr)
-    model.net = resnet18_32()
+    model.net = resnet18_32(args.model)
     trainer.fit(model, loader)
     out = {"mode": mode, "starts": clock.starts, "batches": clock.batches, "compute_s": clock.compute_s}
     if args.accuracy:
         out["accuracy"] = _test_accuracy(model)
-    if mode.startswith("hetero"):
+    if mode.startswith("hetero") or mode == "split":
         out["strategy_compute_s"] = [c for c, _ in trainer.strategy.timer.history]
         balancer = getattr(trainer.strategy, "balancer", None)
         if balancer is not None:
             out["decisions"] = balancer.calibrator.decisions
         out["final_sizes"] = list(trainer.strategy.sampler.batch_sizes)
     return out
+
+
+def _powersgd_ddp():
+    """Plain Lightning DDP with PyTorch's PowerSGD hook at the project's default rank (the baseline)."""
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    from hetero_strategy.config.compression import CompressionConfig
+
+    state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=CompressionConfig().powersgd_rank,
+                                   start_powerSGD_iter=2)
+    return DDPStrategy(ddp_comm_state=state, ddp_comm_hook=powersgd.powerSGD_hook)
 
 
 def _test_accuracy(model: L.LightningModule) -> float:
@@ -176,9 +205,11 @@ class _StepClock(L.Callback):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--mode", choices=("solo", "ddp", "hetero", "hetero_cal", "hetero_auto"), required=True)
+    p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--out", required=True, help="directory; this rank writes <mode>_r<RANK>.json there")
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--sizes", default=None, help="split mode: the per-rank batch sizes, e.g. 180,76")
+    p.add_argument("--model", choices=MODELS, default="resnet18")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--solo-steps", type=int, default=12)
     p.add_argument("--ar-reps", type=int, default=5)

@@ -1,0 +1,87 @@
+"""``bench balance``'s summary and goals from hand-built rounds (the benchmark itself is not a test)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from hetero_strategy.benchmarks_impl.balance_metrics import round_figures
+from hetero_strategy.benchmarks_impl.balance_summary import summarise, sweep_splits
+
+_SOLO = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.1}
+
+
+def _mode(sps: float, sizes: list[int]) -> dict:
+    return {"samples_per_s": sps, "batch_sizes": sizes, "fast_rank_idle_fraction": 0.01,
+            "fast_rank_idle_fraction_solo_estimate": 0.02, "balance": 0.95}
+
+
+def _rounds(per_mode: dict[str, list[float]], sweep: dict[tuple, list[float]] | None = None) -> list[dict]:
+    rounds = []
+    for i in range(len(next(iter(per_mode.values())))):
+        modes = {m: _mode(v[i], [128, 128] if m.startswith("ddp") else [170, 86]) for m, v in per_mode.items()}
+        r = round_figures(_SOLO, modes, 256)
+        if sweep:
+            r["sweep"] = [{"sizes": list(s), "samples_per_s": v[i]} for s, v in sweep.items()]
+        rounds.append(r)
+    return rounds
+
+
+def _config() -> dict:
+    return {"batch_per_rank": 128, "compute": "1.0,0.5", "link": "10gbit"}
+
+
+def test_sweep_splits_lie_on_the_line_through_the_plan():
+    # equal split 128/128, plan 189/67: a = 0.8 -> 176.8/79.2, a = 1.2 -> 201.2/54.8
+    assert sweep_splits([189, 67], [0.8, 1.0, 1.2]) == [[177, 79], [189, 67], [201, 55]]
+    assert sweep_splits([189, 67], [0.0]) == [[128, 128]]
+    assert sweep_splits([10, 10, 10], [0.5, 1.0, 1.5]) == [[10, 10, 10]]  # a balanced plan: one split
+    four = sweep_splits([100, 60, 50, 46], [1.2])
+    assert sum(four[0]) == 256 and min(four[0]) >= 1
+
+
+def test_medians_spread_best_split_and_goals():
+    per_mode = {"ddp": [100.0, 98.0, 104.0, 101.0, 99.0],
+                "hetero": [130.0, 128.0, 140.0, 90.0, 131.0],  # one disturbed round
+                "hetero_cal": [133.0, 131.0, 134.0, 129.0, 120.0]}
+    sweep = {(160, 96): [120.0, 121.0, 119.0, 122.0, 118.0],
+             (170, 86): [134.0, 133.0, 135.0, 132.0, 90.0],
+             (180, 76): [128.0, 140.0, 127.0, 126.0, 129.0]}  # one lucky round does not make it best
+    result = summarise(_rounds(per_mode, sweep), ["ddp", "hetero", "hetero_cal"], _config(), [{}, {}], "namespaces")
+    assert result["hetero_samples_per_s"] == 130.0
+    assert result["spread"]["hetero_samples_per_s"] == {"median": 130.0, "min": 90.0, "max": 140.0}
+    assert result["best_split"] == [170, 86] and result["best_split_samples_per_s"] == 133.0
+    assert result["best_split_at_sweep_edge"] is False
+    assert result["hetero_vs_best_split"] == pytest.approx(130 / 133)
+    # legacy keys, as scripts read them (median of the per-round ratios)
+    assert result["speedup_vs_ddp"] == pytest.approx(statistics.median(
+        h / d for h, d in zip(per_mode["hetero"], per_mode["ddp"])))
+    assert result["speedup_vs_ddp_calibrated"] == result["hetero_cal_speedup_vs_ddp"]
+    assert result["throughput_vs_ideal"] == result["hetero_vs_ideal"]
+    goals = result["goals"]
+    assert goals["hetero_vs_best_split"]["met"] is True  # 0.977 >= 0.97
+    assert goals["hetero_cal_vs_best_split"] == {"goal": 0.97, "value": pytest.approx(131 / 133), "met": True}
+    assert goals["speedup_vs_ddp"]["met"] is True
+    assert goals["fast_rank_idle_fraction_hetero"]["met"] is True  # 0.01 <= 0.05
+    assert "hetero_tiered_speedup_vs_ddp" not in goals
+
+
+def test_a_plan_short_of_the_best_split_misses_its_goal_and_an_edge_best_is_flagged():
+    per_mode = {"ddp": [100.0] * 5, "hetero": [125.0] * 5}
+    sweep = {(170, 86): [126.0] * 5, (180, 76): [135.0] * 5}
+    result = summarise(_rounds(per_mode, sweep), ["ddp", "hetero"], _config(), [{}, {}], "namespaces")
+    assert result["goals"]["hetero_vs_best_split"]["met"] is False  # 125 / 135 = 0.926
+    assert result["best_split_at_sweep_edge"] is True
+    assert "speedup_vs_ddp_calibrated" not in result and "hetero_cal_vs_best_split" not in result["goals"]
+
+
+def test_mixed_link_trainings_have_their_own_goals():
+    per_mode = {"ddp": [50.0, 52.0, 49.0], "ddp_powersgd": [90.0, 95.0, 85.0], "hetero_tiered": [120.0, 118.0, 80.0]}
+    result = summarise(_rounds(per_mode), list(per_mode), _config(), [{}, {}], "namespaces")
+    goals = result["goals"]
+    assert set(goals) == {"hetero_tiered_speedup_vs_ddp", "hetero_tiered_vs_ddp_powersgd"}
+    assert goals["hetero_tiered_speedup_vs_ddp"]["value"] == pytest.approx(statistics.median([2.4, 118 / 52, 80 / 49]))
+    assert goals["hetero_tiered_vs_ddp_powersgd"]["value"] == pytest.approx(118 / 90)
+    assert goals["hetero_tiered_vs_ddp_powersgd"]["met"] is True
+    assert "best_split" not in result
