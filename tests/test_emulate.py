@@ -59,11 +59,30 @@ def _owned_by(pid: int) -> list[str]:
     ({"compute": [1.0, 0.5], "links": ["1gbit", "2gbit", "3gbit"]}, "links="),
     ({"compute": [1.0], "links": ["10gigs"]}, "link='10gigs'"),
     ({"compute": [1.0], "latency_ms": [0]}, "latency="),
+    ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 1]}, "nodes=[1, 1] is invalid"),
+    ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 2], "links": ["1gbit"] * 3}, "one per node"),
 ])
 def test_spec_refuses_bad_values(kwargs, needle):
     with pytest.raises(ValueError, match=None) as err:
         ClusterSpec(**kwargs)
     assert needle in str(err.value)
+
+
+def test_nodes_give_links_per_node_and_torchrun_variables_per_node():
+    spec = ClusterSpec(compute=[1.0, 0.5, 0.5, 0.5], nodes=[1, 3], links=["10gbit", "1gbit"])
+    assert spec.node_of == [0, 1, 1, 1] and spec.node_firsts == [0, 1]
+    assert spec.links == ["10gbit", "1gbit", "1gbit", "1gbit"]
+    assert [spec.tier(k) for k in range(4)] == ["eth10g", "eth1g", "eth1g", "eth1g"]
+    cluster = EmulatedCluster(compute=[1.0, 0.5, 0.5, 0.5], nodes=[1, 3], simulate=True)
+    env = [cluster.rank_env(k, range(4)) for k in range(4)]
+    # what two torchrun agents (--nnodes 2, --nproc-per-node 1 and 3) would set
+    assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"])
+            for e in env] == [("0", "0", "1", "0", "2"), ("1", "0", "3", "1", "2"), ("2", "1", "3", "1", "2"),
+                              ("3", "2", "3", "1", "2")]
+    # a job made of ranks 1-3 lives on one node of 3
+    sub = [cluster.rank_env(k, [1, 2, 3]) for k in (1, 2, 3)]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) for e in sub] == [
+        ("0", "0", "0", "1"), ("1", "1", "0", "1"), ("2", "2", "0", "1")]
 
 
 def test_without_root_real_isolation_is_refused(monkeypatch):
@@ -129,6 +148,26 @@ def test_tbf_link_rate_within_20_percent_and_gloo_works_across_namespaces():
         res = cluster.run([PY, "-c", code], timeout=90)
     assert res.ok, res.outputs
     assert all("[3.0, 3.0, 3.0, 3.0]" in out for out in res.outputs)
+
+
+@needs_root
+def test_a_node_is_one_namespace_and_its_ranks_group_as_one_host():
+    """nodes=[1, 2]: ranks 1 and 2 share a namespace and a shaped link, rank 0 has its own; the
+    hierarchical exchange's host grouping (over real gloo) finds the two nodes."""
+    code = ("import os, torch.distributed as d; d.init_process_group('gloo'); "
+            "from hetero_strategy.hooks.hierarchy import build_fast_groups; g = build_fast_groups(); "
+            "print(os.readlink('/proc/self/ns/net'), g.groups, os.environ['LOCAL_RANK']); "
+            "d.barrier(); d.destroy_process_group()")
+    with EmulatedCluster(compute=[1.0, 0.5, 0.5], nodes=[1, 2], links=["1gbit", "50mbit"]) as cluster:
+        assert len({n.netns for n in cluster.nets}) == 2 and cluster.nets[1] is cluster.nets[2]
+        assert cluster.measured_mbit[1] == cluster.measured_mbit[2] == pytest.approx(50, rel=0.2)
+        assert [r["node"] for r in cluster.describe()] == [0, 1, 1]
+        res = cluster.run([PY, "-c", code], timeout=120)
+    assert res.ok, res.outputs
+    rows = [out.strip().splitlines()[-1].split(" ", 1) for out in res.outputs]
+    assert rows[1][0] == rows[2][0] != rows[0][0]  # network namespaces
+    assert all(r[1] == "[[0], [1, 2]] " + str(local) for r, local in zip(rows, (0, 0, 1)))
+    assert _mine(cluster) == []
 
 
 @needs_root

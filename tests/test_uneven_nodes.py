@@ -46,3 +46,21 @@ def test_one_plus_two_nodes_train_like_one_process(tmp_path):
     for r in results:
         for got, ref in zip(r["weights"], want.parameters()):
             torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and cgroups need root (CI runs as root)")
+def test_one_plus_two_nodes_under_the_emulator(tmp_path):
+    """The same job on `hetero-strategy emulate --nodes 1,2`: node 1's two ranks share a namespace
+    and a 1 Gbit link, node 0 has 10 Gbit; torchrun's per-node variables come from the emulator."""
+    from hetero_strategy.emulate import EmulatedCluster
+
+    with EmulatedCluster(compute=[1.0, 1.0, 1.0], nodes=[1, 2], links=["10gbit", "1gbit"], measure=False) as cluster:
+        res = cluster.run([sys.executable, str(SCRIPT), str(tmp_path)], timeout=240)
+    assert res.ok, "\n".join(o[-3000:] for o in res.outputs)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
+    assert [(r["world"], r["node"]) for r in results] == [(3, 0), (3, 1), (3, 1)]
+    want = one_process_sgd(make_data(64), global_batch=18, steps=4, shuffle=True)
+    for r in results:
+        for got, ref in zip(r["weights"], want.parameters()):
+            torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-6)

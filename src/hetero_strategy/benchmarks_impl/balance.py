@@ -16,7 +16,7 @@ Example::
     # 4 ranks, mixed links: hetero + tiered against DDP and DDP + PowerSGD
     flock /tmp/hetero_cpu.lock hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 \
         --link 10gbit,10gbit,1gbit,100mbit --batch 64 --model resnet18_l3 \
-        --trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
+        --framework ddp --trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
     hetero-strategy bench balance --simulate --rounds 1 --steps 20   # without root (labelled simulated)
 """
 
@@ -29,7 +29,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.benchmarks_impl.balance_summary import MODELS, TRAININGS, goals, summarise, sweep_splits
+from hetero_strategy.benchmarks_impl.balance_summary import (
+    FRAMEWORKS,
+    MODELS,
+    TRAININGS,
+    goals,
+    summarise,
+    sweep_splits,
+)
 
 __all__ = ["add_arguments", "goals", "run"]
 
@@ -43,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
     parser.add_argument("--batch", type=int, default=128, help="mean per-rank batch B (default 128)")
     parser.add_argument("--model", choices=MODELS, default="resnet18", help="workload model (default resnet18)")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="lightning",
+                        help="lightning: L.Trainer + HeteroStrategy (default); ddp: torch DDP + HeteroRuntime "
+                             "(starts in a fraction of the time: for 4+ ranks on few cores)")
     parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
                         help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
@@ -135,7 +145,7 @@ def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Nam
     steps = args.cal_steps if mode in ("hetero_cal", "hetero_auto") else args.steps
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
            "--steps", str(steps), "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
-           "--overlap-comm", args.overlap_comm]
+           "--overlap-comm", args.overlap_comm, "--framework", args.framework]
     if sizes is not None:
         cmd += ["--sizes", ",".join(map(str, sizes))]
     res = cluster.run(cmd, timeout=args.timeout)
@@ -165,7 +175,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return {"compute": args.compute, "link": args.link, "batch_per_rank": args.batch, "steps": args.steps,
             "cal_steps": args.cal_steps, "measure_last": args.measure, "rounds": args.rounds,
             "recalibrate_every": args.recalibrate_every, "overlap_comm": args.overlap_comm, "model": args.model,
-            "trainings": args.trainings, "sweep_points": args.sweep_points if args.sweep else None,
+            "framework": args.framework, "trainings": args.trainings, "sweep_points": args.sweep_points if args.sweep else None,
             "workload": f"{workload}, sklearn digits upsampled to 32x32"}
 
 

@@ -18,12 +18,13 @@ from typing import Any
 
 from hetero_strategy.balance.shares import split_batch
 
-__all__ = ["MODELS", "TRAININGS", "goals", "summarise", "sweep_splits"]
+__all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "summarise", "sweep_splits"]
 
 # What the worker can train (besides "solo" and "split"), and its models; here, not in the worker,
 # because the worker imports Lightning and the command line must not.
 TRAININGS = ("ddp", "ddp_powersgd", "hetero", "hetero_cal", "hetero_auto", "hetero_tiered")
 MODELS = ("resnet18", "resnet18_l3")
+FRAMEWORKS = ("lightning", "ddp")  # the worker's training loops: balance_fit_<framework>.py
 
 # Legacy names (issue 3) of the static ("hetero") and calibrated ("hetero_cal") runs' figures.
 _SUFFIX = {"hetero": "", "hetero_cal": "_calibrated"}

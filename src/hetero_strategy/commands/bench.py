@@ -16,7 +16,7 @@ import importlib
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
-        "accelerate (the plugin's overhead) or overlap (pipelined Top-K).")
+        "accelerate (the plugin's overhead), overlap (pipelined Top-K) or lengths (dealing text by cost).")
 
 __all__ = ["HELP", "MODES", "NAME", "add_arguments", "run"]
 
@@ -26,6 +26,7 @@ MODES = {
     "balance": "capacity-sized batches vs plain DDP on an emulated heterogeneous cluster",
     "accelerate": "HeteroPlugin (equal shares) vs plain Accelerate DDP: the plugin's per-step overhead",
     "overlap": "pipelined Top-K: the codec against the exchange, overlap efficiency per stage count",
+    "lengths": "variable-length samples dealt out by cost vs by count on a length-skewed text task",
 }
 
 

@@ -4,6 +4,8 @@ Example::
 
     hetero-strategy emulate --nproc 2 --compute 1.0,0.57 --link 10gbit,100mbit -- python train.py
     hetero-strategy emulate --simulate --compute 1.0,0.57 -- python train.py   # without root
+    # node A: 1 rank on 10 Gbit; node B: 3 ranks sharing a namespace (loopback inside) and a 1 Gbit link
+    hetero-strategy emulate --nodes 1,3 --compute 1.0,0.4 --link 10gbit,1gbit -- python train.py
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ __all__ = ["HELP", "NAME", "add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: entries in --compute)")
     parser.add_argument("--compute", default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
-    parser.add_argument("--link", default=None, help="per-rank link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
-    parser.add_argument("--latency", default=None, help="per-rank tbf queueing-latency bound in ms (default 50)")
+    parser.add_argument("--nodes", default=None,
+                        help="ranks per node, e.g. 1,3: a node's ranks share a namespace and a link, and get "
+                             "torchrun's per-node LOCAL_RANK / LOCAL_WORLD_SIZE / GROUP_RANK")
+    parser.add_argument("--link", default=None,
+                        help="per-rank (per-node with --nodes) link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
+    parser.add_argument("--latency", default=None,
+                        help="per-rank (per-node with --nodes) tbf queueing-latency bound in ms (default 50)")
     parser.add_argument("--simulate", action="store_true",
                         help="no root: loopback, unshaped links, compute slowed by a SIGSTOP/SIGCONT duty cycle")
     parser.add_argument("--timeout", type=float, default=3600.0, help="stop every rank after this many seconds")
@@ -45,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]emulate: give the command to run after --, e.g. `-- python train.py`")
         return 2
     try:
-        compute, links, latency = _resolve(args, parse_float_list, parse_link_list)
-        cluster = EmulatedCluster(compute, links, latency, simulate=args.simulate, measure=not args.no_measure)
+        compute, links, latency, nodes = _resolve(args, parse_float_list, parse_link_list)
+        cluster = EmulatedCluster(compute, links, latency, simulate=args.simulate, measure=not args.no_measure,
+                                  nodes=nodes)
     except ValueError as e:
         console.print(f"[red]emulate: {e}")
         return 2
@@ -84,7 +92,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _resolve(args, parse_float_list, parse_link_list):
     compute = parse_float_list(args.compute, "--compute") if args.compute else None
-    n = args.nproc or (len(compute) if compute else 1)
+    nodes = None
+    if args.nodes:
+        try:
+            nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--nodes={args.nodes!r} is invalid: give ranks per node, e.g. 1,3") from None
+    n = args.nproc or (sum(nodes) if nodes else len(compute) if compute else 1)
+    if nodes is not None and sum(nodes) != n:
+        raise ValueError(f"--nodes={args.nodes!r} is invalid: its {sum(nodes)} ranks do not match --nproc={n}")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc={args.nproc} is invalid: give at least 1 rank")
     if compute is None:
@@ -94,7 +110,7 @@ def _resolve(args, parse_float_list, parse_link_list):
     if len(compute) != n:
         raise ValueError(f"--compute={args.compute!r} is invalid: give 1 or --nproc={n} factors")
     latency = parse_float_list(args.latency, "--latency") if args.latency else None
-    return compute, parse_link_list(args.link), latency
+    return compute, parse_link_list(args.link), latency, nodes
 
 
 def _on_signal(signum: int, frame: object) -> None:

@@ -1,7 +1,8 @@
 """``EmulatedCluster``: a heterogeneous cluster on one Linux box, built on enter and removed on exit.
 
-Real isolation (root): a network namespace per rank joined by a bridge, each rank's veth shaped with
-``tc tbf`` in both directions, a cgroup CPU quota per rank, one pinned core and one thread per rank.
+Real isolation (root): a network namespace per rank (or per node, with ``nodes=``) joined by a
+bridge, each namespace's veth shaped with ``tc tbf`` in both directions, a cgroup CPU quota per
+rank, one pinned core and one thread per rank.
 ``simulate=True`` (no root needed): loopback, unshaped, and a SIGSTOP/SIGCONT duty cycle for compute.
 
 Example::
@@ -10,6 +11,11 @@ Example::
         print(cluster.describe())
         result = cluster.run([sys.executable, "train.py"], timeout=600)
         assert result.ok, result.outputs
+
+    # two nodes of different sizes: rank 0 alone, ranks 1-2 sharing a namespace (torchrun's
+    # GROUP_RANK / LOCAL_RANK / LOCAL_WORLD_SIZE per node), one link per node
+    with EmulatedCluster(compute=[1.0, 0.5, 0.5], nodes=[1, 2], links=["10gbit", "1gbit"]) as cluster:
+        ...
 """
 
 from __future__ import annotations
@@ -40,9 +46,11 @@ class EmulatedCluster:
     """N ranks with their own compute quota and link rate (see the module docstring)."""
 
     def __init__(self, compute: Sequence[float], links: Sequence[str] | None = None,
-                 latency_ms: Sequence[float] | None = None, simulate: bool = False, measure: bool = True) -> None:
+                 latency_ms: Sequence[float] | None = None, simulate: bool = False, measure: bool = True,
+                 nodes: Sequence[int] | None = None) -> None:
         self.spec = ClusterSpec(compute=list(compute), links=None if links is None else list(links),
-                                latency_ms=None if latency_ms is None else list(latency_ms), simulate=simulate)
+                                latency_ms=None if latency_ms is None else list(latency_ms), simulate=simulate,
+                                nodes=None if nodes is None else list(nodes))
         self.measure = measure
         self.tag = f"{os.getpid()}-{next(_COUNTER)}"
         cpus = sorted(os.sched_getaffinity(0))
@@ -77,7 +85,10 @@ class EmulatedCluster:
         self._open = True
         atexit.register(self.close)  # also on sys.exit / unhandled exceptions; SIGKILL is left to clean_stale
         try:
-            self.nets = netns.build_network(self.tag, self.spec.rates_bps, self.spec.latency_ms)
+            firsts = self.spec.node_firsts  # one namespace per node (per rank without nodes=)
+            per_ns = netns.build_network(self.tag, [self.spec.rates_bps[k] for k in firsts],
+                                         [self.spec.latency_ms[k] for k in firsts])
+            self.nets = [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
             self.cgroups = [CpuCgroup(f"{netns.PREFIX}{self.tag}-r{k}", f) for k, f in enumerate(self.spec.compute)]
             if self.measure:
                 self.measured_mbit = self.measure_links()
@@ -97,7 +108,7 @@ class EmulatedCluster:
                 cg.remove()
             except EmulatorError as e:
                 errors.append(str(e))
-        for name in [n.netns for n in self.nets] + [netns.bridge_ns(self.tag)]:
+        for name in list(dict.fromkeys(n.netns for n in self.nets)) + [netns.bridge_ns(self.tag)]:
             netns.remove_namespace(name)
         # Partially built clusters: anything else carrying our tag.
         for name in netns.emulator_namespaces():
@@ -113,10 +124,17 @@ class EmulatedCluster:
         idx = list(world).index(rank)
         master = "127.0.0.1" if self.spec.simulate else self.nets[world[0]].addr
         port = _free_port() if self.spec.simulate else _MASTER_PORT
+        node_of = self.spec.node_of
+        # torchrun's per-node view: without nodes= every rank is on one node; with it, the job's nodes
+        # in order of their first rank
+        job_nodes = [0] if self.spec.nodes is None else list(dict.fromkeys(node_of[r] for r in world))
+        peers = list(world) if self.spec.nodes is None else [r for r in world if node_of[r] == node_of[rank]]
+        group = 0 if self.spec.nodes is None else job_nodes.index(node_of[rank])
         env = dict(os.environ)
         env.update(
-            RANK=str(idx), LOCAL_RANK=str(idx), GROUP_RANK="0", NODE_RANK="0", ROLE_RANK=str(idx),
-            WORLD_SIZE=str(len(world)), LOCAL_WORLD_SIZE=str(len(world)), ROLE_WORLD_SIZE=str(len(world)),
+            RANK=str(idx), LOCAL_RANK=str(peers.index(rank)), GROUP_RANK=str(group), NODE_RANK=str(group),
+            ROLE_RANK=str(idx), WORLD_SIZE=str(len(world)), LOCAL_WORLD_SIZE=str(len(peers)),
+            ROLE_WORLD_SIZE=str(len(world)), GROUP_WORLD_SIZE=str(len(job_nodes)),
             MASTER_ADDR=master, MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"hsem-{self.tag}",
             GLOO_SOCKET_IFNAME="lo" if self.spec.simulate else netns.RANK_IFNAME,
             OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1",
@@ -174,18 +192,20 @@ class EmulatedCluster:
         # NOTE: run the file, not `-m hetero_strategy...`: importing the package imports Lightning (seconds).
         py = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]
         sink = subprocess.Popen(["ip", "netns", "exec", netns.bridge_ns(self.tag), *py, "sink", netns.SINK_ADDR,
-                                 str(_PROBE_PORT), str(self.spec.nproc)], stdout=subprocess.PIPE, text=True)
+                                 str(_PROBE_PORT), str(len(self.spec.node_firsts))], stdout=subprocess.PIPE,
+                                text=True)
         try:
             if sink.stdout.readline().strip() != "ready":
                 raise EmulatorError("link probe sink did not start in the bridge namespace")
-            out = []
-            for k, rate in enumerate(self.spec.rates_bps):
+            per_ns = {}
+            for k in self.spec.node_firsts:  # a node's ranks share its link: probe it once
+                rate = self.spec.rates_bps[k]
                 nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.4, 1 << 20), 32 << 20))
                 res = self.exec(k, [*py, "send", netns.SINK_ADDR, str(_PROBE_PORT), str(nbytes)], quota=False)
                 if res.returncode != 0:
                     raise EmulatorError(f"link probe of rank {k} failed: {res.stderr.strip()[-500:]}")
-                out.append(float(res.stdout.split()[-1]))
-            return out
+                per_ns[self.spec.node_of[k]] = float(res.stdout.split()[-1])
+            return [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
         finally:
             sink.kill()
             sink.wait(timeout=5)
@@ -193,7 +213,8 @@ class EmulatedCluster:
     def describe(self) -> list[dict]:
         """One row per rank: what the cluster is (for tables and JSON)."""
         return [{
-            "rank": k, "mode": self.mode, "compute_factor": self.spec.compute[k], "core": self.cores[k],
+            "rank": k, "node": self.spec.node_of[k], "mode": self.mode, "compute_factor": self.spec.compute[k],
+            "core": self.cores[k],
             "link": self.spec.links[k] if not self.spec.simulate else "unshaped (simulated)",
             "tier": self.spec.tier(k), "address": "127.0.0.1" if self.spec.simulate else self.nets[k].addr,
             "netns": None if self.spec.simulate else self.nets[k].netns,

@@ -12,10 +12,11 @@ def cluster_table(rows: list[dict]) -> Table:
     title = ("Emulated cluster [bold red](SIMULATED: loopback, unshaped links, SIGSTOP duty-cycle compute)"
              if simulated else "Emulated cluster (network namespaces, tc tbf, cgroup CPU quota)")
     table = Table(title=title)
-    for col in ("rank", "compute", "core", "link", "tier", "address", "measured Mbit/s"):
-        table.add_column(col, justify="right" if col in ("rank", "compute", "core", "measured Mbit/s") else "left")
+    for col in ("rank", "node", "compute", "core", "link", "tier", "address", "measured Mbit/s"):
+        table.add_column(col, justify="right" if col in ("rank", "node", "compute", "core", "measured Mbit/s") else "left")
     for r in rows:
         bw = r["measured_mbit_s"]
-        table.add_row(str(r["rank"]), f"{r['compute_factor']:.2f}", str(r["core"]), str(r["link"]),
+        table.add_row(str(r["rank"]), str(r.get("node", r["rank"])), f"{r['compute_factor']:.2f}", str(r["core"]),
+                      str(r["link"]),
                       str(r["tier"] or "-"), str(r["address"]), "-" if bw is None else f"{bw:,.1f}")
     return table

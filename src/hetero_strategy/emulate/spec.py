@@ -1,4 +1,4 @@
-"""What an emulated cluster looks like: per-rank compute factor, link rate and queueing latency."""
+"""What an emulated cluster looks like: per-rank compute factor, nodes, link rate and queueing latency."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ class ClusterSpec:
 
         spec = ClusterSpec(compute=[1.0, 0.57], links=["10gbit", "100mbit"])
         spec.rates_bps  # [1e10, 1e8]
+        # node A runs 1 rank, node B 3 (one namespace and one link per node)
+        spec = ClusterSpec(compute=[1.0, 0.5, 0.5, 0.5], nodes=[1, 3], links=["10gbit", "1gbit"])
+        spec.node_of  # [0, 1, 1, 1]; spec.links is per rank: ["10gbit", "1gbit", "1gbit", "1gbit"]
     """
 
     compute: list[float]
@@ -30,29 +33,54 @@ class ClusterSpec:
     """Per-rank tbf queueing-latency bound in ms (netem is unavailable, so this is not a fixed delay)."""
     simulate: bool = False
     """Run on loopback with an in-process compute slowdown instead of namespaces and cgroups."""
+    nodes: list[int] | None = None
+    """Ranks per node, e.g. [1, 3]: a node's ranks share one network namespace (they talk over
+    loopback, as over NVLink) and one link, and get torchrun's per-node variables (GROUP_RANK,
+    LOCAL_RANK, LOCAL_WORLD_SIZE). ``links`` and ``latency_ms`` then give one entry per node. None:
+    every rank is its own namespace on one torchrun "node" (the default)."""
     rates_bps: list[float | None] = field(init=False, default_factory=list)
+    node_of: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.compute, (list, tuple)) or not self.compute:
             raise ValueError(f"compute={self.compute!r} is invalid: give one factor per rank, e.g. 1.0,0.57")
         n = len(self.compute)
+        self.node_of = self._nodes(n)
         for i, c in enumerate(self.compute):
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.01 <= c <= 1.0:
                 raise ValueError(f"compute[{i}]={c!r} is invalid: a rank gets one pinned core, so its factor "
                                  "must lie in [0.01, 1.0] (1.0 = a full core)")
-        links = ["none"] * n if self.links is None else list(self.links)
+        # links and latencies: one per link owner (a rank, or a node with nodes=), then per rank
+        owners = n if self.nodes is None else len(self.nodes)
+        what = "rank" if self.nodes is None else "node"
+        links = ["none"] * owners if self.links is None else list(self.links)
         if len(links) == 1:
-            links = links * n
-        if len(links) != n:
-            raise ValueError(f"links={self.links!r} is invalid: give 1 or {n} entries (one per rank)")
-        self.links = links
-        self.rates_bps = [None if str(x).strip().lower() in _UNSHAPED else parse_rate(x) for x in links]
+            links = links * owners
+        if len(links) != owners:
+            raise ValueError(f"links={self.links!r} is invalid: give 1 or {owners} entries (one per {what})")
+        self.links = [links[k] if self.nodes is None else links[self.node_of[k]] for k in range(n)]
+        self.rates_bps = [None if str(x).strip().lower() in _UNSHAPED else parse_rate(x) for x in self.links]
         lat = [50.0] if self.latency_ms is None else list(self.latency_ms)
         if len(lat) == 1:
-            lat = lat * n
-        if len(lat) != n or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in lat):
-            raise ValueError(f"latency={self.latency_ms!r} is invalid: give 1 or {n} positive values in ms")
-        self.latency_ms = [float(v) for v in lat]
+            lat = lat * owners
+        if len(lat) != owners or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in lat):
+            raise ValueError(f"latency={self.latency_ms!r} is invalid: give 1 or {owners} positive values in ms")
+        self.latency_ms = [float(lat[k] if self.nodes is None else lat[self.node_of[k]]) for k in range(n)]
+
+    def _nodes(self, n: int) -> list[int]:
+        if self.nodes is None:
+            return list(range(n))
+        counts = list(self.nodes)
+        if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts) or \
+                sum(counts) != n:
+            raise ValueError(f"nodes={self.nodes!r} is invalid: give each node's rank count (>= 1), summing to the "
+                             f"{n} ranks of compute, e.g. nodes=[1, {max(1, n - 1)}]")
+        return [node for node, c in enumerate(counts) for _ in range(c)]
+
+    @property
+    def node_firsts(self) -> list[int]:
+        """The first rank of each namespace (each rank's own without nodes=)."""
+        return [k for k in range(self.nproc) if k == 0 or self.node_of[k] != self.node_of[k - 1]]
 
     @property
     def nproc(self) -> int:

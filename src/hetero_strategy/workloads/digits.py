@@ -1,17 +1,17 @@
-"""scikit-learn's bundled digits (1,797 8x8 images, 10 classes) as tensors and a LightningModule.
+"""scikit-learn's bundled digits (1,797 8x8 images, 10 classes) as tensors, and a ResNet for them.
 
-Used by ``make demo`` and the benchmarks: real data that ships with scikit-learn, so nothing is
-downloaded. Images can be upsampled to 32x32 for a torchvision ResNet.
+Used by the recipes and the benchmarks: real data that ships with scikit-learn, so nothing is
+downloaded. Images can be upsampled to 32x32 for a torchvision ResNet. Plain PyTorch (no
+framework import), so bare-DDP workers load it in a fraction of Lightning's import time.
 """
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-__all__ = ["DigitsClassifier", "digits_datasets", "small_resnet"]
+__all__ = ["digits_datasets", "small_resnet"]
 
 
 def digits_datasets(size: int = 8, test_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
@@ -37,43 +37,3 @@ def small_resnet(arch: str = "resnet18", num_classes: int = 10, in_channels: int
     net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()
     return net
-
-
-def _mlp(num_classes: int = 10) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, num_classes))
-
-
-class DigitsClassifier(L.LightningModule):
-    """Cross-entropy classifier on digits; ``arch`` is "mlp" (8x8 input) or a torchvision ResNet name."""
-
-    def __init__(self, arch: str = "mlp", lr: float = 0.05, momentum: float = 0.9, seed: int = 0) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        torch.manual_seed(seed)
-        self.net = _mlp() if arch == "mlp" else small_resnet(arch)
-        self.correct = 0
-        self.total = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # (B, 10)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.cross_entropy(self(x), y)
-        self.log("train_loss", loss, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        pred = self(x).argmax(dim=1)
-        self.correct += int((pred == y).sum())
-        self.total += len(y)
-
-    def on_validation_epoch_end(self) -> None:
-        counts = torch.tensor([self.correct, self.total], dtype=torch.float64, device=self.device)
-        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        self.log("val_acc", float(counts[0] / counts[1].clamp(min=1)), prog_bar=True, sync_dist=True)  # identical on all ranks
-        self.correct = self.total = 0
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)

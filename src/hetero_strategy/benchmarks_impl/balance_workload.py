@@ -1,0 +1,159 @@
+"""What both of ``bench balance``'s training loops share: data, model, step clock, hetero options.
+
+Plain PyTorch: the bare-DDP loop (:mod:`.balance_fit_ddp`) must not pay for importing Lightning
+(about 12 s of CPU, 50 s for a rank held to a quarter of a core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["StepClock", "hetero_options", "powersgd_state", "resnet18_32", "run_loop", "runtime_record", "test_accuracy",
+           "train_data"]
+
+
+def train_data(batch: int, world: int, steps: int) -> torch.utils.data.TensorDataset:
+    """Digits upsampled to 32x32, repeated so one epoch covers the run (no epoch-boundary stalls)."""
+    from torch.utils.data import TensorDataset
+
+    from hetero_strategy.workloads.digits import digits_datasets
+
+    train, _ = digits_datasets(size=32)
+    x, y = train.tensors
+    reps = max(1, -(-(steps + 2) * batch * world // len(y)))
+    return TensorDataset(x.repeat(reps, 1, 1, 1), y.repeat(reps))
+
+
+def resnet18_32(model: str = "resnet18") -> torch.nn.Module:
+    """torchvision ResNet-18 with its own stem (7x7/2 + max-pool) on 1-channel 32x32 digits.
+
+    NOTE: the CIFAR-style stem (3x3/1, no pool) costs 16x the FLOPs at 32x32; this is the model
+    the issue's anchor (0.33 s per step at batch 128 on one core) was measured with.
+    ``resnet18_l3`` drops layer4: at 32x32 input layer4 runs on 1x1 maps, so it holds 75% of the
+    parameters (8.4 of 11.2 M) but little of the compute. Its 2.8 M-parameter gradient makes a
+    100 Mbit link cost about 1 s a step instead of 3.6 s, so a 4-rank mixed-link run fits in minutes.
+    """
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(num_classes=10)
+    net.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    if model == "resnet18_l3":
+        net.layer4 = torch.nn.Identity()
+        net.fc = torch.nn.Linear(256, 10)
+    return net
+
+
+def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """The flat options of a hetero mode: ``HeteroStrategy(**o)`` or ``HeteroConfig.from_flat(**o)``."""
+    opts: dict[str, Any] = {"overlap_comm": args.overlap_comm == "on"}
+    if mode == "hetero_tiered":
+        opts["compression"] = "tiered"
+    elif mode == "split":
+        opts["batch_sizes"] = [int(b) for b in args.sizes.split(",")]
+    elif mode in ("hetero_cal", "hetero_auto"):
+        if mode == "hetero_cal":  # from equal shares; hetero_auto starts from the probe's plan
+            opts["batch_sizes"] = [args.batch] * world
+        opts.update(calibrate=True, cold_start_steps=args.cold_start, recalibrate_every=args.recalibrate_every,
+                    window=args.window)
+    return opts
+
+
+def powersgd_state() -> Any:
+    """PyTorch's own PowerSGD state at the project's default rank (the baseline's hook state)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    from hetero_strategy.config.compression import CompressionConfig
+
+    return powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=CompressionConfig().powersgd_rank,
+                                  start_powerSGD_iter=2)
+
+
+def test_accuracy(net: torch.nn.Module) -> float:
+    """Accuracy on the digits test split (the same 32x32 upsampling), evaluated by each rank alone."""
+    from hetero_strategy.workloads.digits import digits_datasets
+
+    _, test = digits_datasets(size=32)
+    x, y = test.tensors
+    net.eval()
+    with torch.no_grad():
+        pred = torch.cat([net(x[i:i + 256]).argmax(dim=1) for i in range(0, len(y), 256)])
+    return float((pred == y).float().mean())
+
+
+class StepClock:
+    """Per training step on this rank: start time, local batch size and compute time.
+
+    Compute ends when autograd has produced the gradient of the model's first layer (the last
+    gradient of backward): DDP's all-reduce only waits after that, so the span excludes waiting
+    for peers. The same clock serves plain DDP, hetero and solo runs (a tensor hook changes none).
+    """
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.batches: list[int] = []
+        self.compute_s: list[float] = []
+        self._grad_time: float | None = None
+
+    def attach(self, module: torch.nn.Module) -> None:
+        first = next(p for p in module.parameters() if p.requires_grad)
+        first.register_hook(self._grad_ready)
+
+    def _grad_ready(self, grad: torch.Tensor) -> None:
+        self._grad_time = time.perf_counter()
+
+    def batch_start(self, n: int) -> None:
+        self.starts.append(time.perf_counter())
+        self.batches.append(int(n))
+        self._grad_time = None
+
+    def batch_end(self) -> None:
+        end = self._grad_time if self._grad_time is not None else time.perf_counter()
+        self.compute_s.append(end - self.starts[-1])
+
+    def close(self) -> None:
+        self.starts.append(time.perf_counter())  # closes the last step
+
+    def record(self, mode: str) -> dict[str, Any]:
+        return {"mode": mode, "starts": self.starts, "batches": self.batches, "compute_s": self.compute_s}
+
+
+def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor], steps: int,
+             opt: torch.optim.Optimizer, clock: StepClock, runtime: Any = None,
+             count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> None:
+    """``steps`` plain training steps, wired to the hetero runtime as its docs ask of a bare-DDP
+    loop (``batch_start`` / ``backward_end`` / ``step_end``). The data must cover the run."""
+    batches = iter(loader)
+    for step in range(steps):
+        batch = next(batches)
+        if runtime is not None:
+            runtime.batch_start()
+        clock.batch_start(count_of(batch))
+        with runtime.autocast() if runtime is not None else contextlib.nullcontext():
+            loss = loss_of(batch)
+        loss.backward()
+        if runtime is not None:
+            runtime.backward_end()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.batch_end()
+        if runtime is not None:
+            runtime.step_end(step)
+    clock.close()
+
+
+def runtime_record(runtime: Any) -> dict[str, Any]:
+    """The hetero runtime's view of the run (empty without one): its compute times, decisions, sizes."""
+    if runtime is None:
+        return {}
+    out: dict[str, Any] = {"strategy_compute_s": [c for c, _ in runtime.timer.history],
+                           "final_sizes": list(runtime.sampler.batch_sizes)}
+    if runtime.balancer is not None:
+        out["decisions"] = runtime.balancer.calibrator.decisions
+    return out
