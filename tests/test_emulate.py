@@ -258,3 +258,10 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def test_a_job_must_list_each_nodes_ranks_together():
+    needle = r"ranks=\[0, 2, 1, 3\] is invalid: list each node's ranks together"
+    with EmulatedCluster(compute=[1.0] * 4, nodes=[2, 2], simulate=True) as cluster, \
+            pytest.raises(ValueError, match=needle):
+        cluster.run([PY, "-c", "pass"], ranks=[0, 2, 1, 3])

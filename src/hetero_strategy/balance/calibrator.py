@@ -20,9 +20,12 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 
 The model predicts compute only; a step also pays communication and contention it cannot see. So
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
-with the fastest plan measured so far: a plan more than 1% slower is undone (back to the fastest)
-and not proposed again for the next ``_FORGET_AFTER`` decisions. A run that starts from the probe's
-plan therefore never settles on a measurably slower one.
+with the fastest plan measured so far. A plan more than 1% slower is undone: one move (within
++-max_change) back toward the fastest plan. Until the rejection expires, no move goes halfway or
+more from that fastest plan toward the undone one (so a plan a sample beside it is not tried
+instead); rejections last ``_FORGET_AFTER`` decisions, twice as long after every further undo, in
+case the cluster changed. A run that starts from the probe's plan therefore never settles on a
+measurably slower one.
 
 Example::
 
@@ -81,8 +84,10 @@ class Calibrator:
         self.rows: deque[tuple[tuple[float, ...], tuple[int, ...], float]] = deque(maxlen=config.window)
         self.decisions: list[tuple[int, list[int]]] = []  # (step, new sizes), for logs and tests
         self.measured: dict[tuple[int, ...], float] = {}  # plan -> its median step time
-        self.rejected: dict[tuple[int, ...], int] = {}  # undone plan -> the decision that undid it
+        # (undone plan, the fastest plan it lost to, decision count when the rejection expires)
+        self.rejected: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
         self._decision_count = 0
+        self._undos = 0
 
     def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int],
                 step_s: float | None = None) -> list[int] | None:
@@ -120,10 +125,10 @@ class Calibrator:
         if len(rows) < _MIN_ROWS:
             return None
         self._decision_count += 1
-        self.rejected = {p: d for p, d in self.rejected.items() if self._decision_count - d < _FORGET_AFTER}
-        undo = self._undo_if_slower(current)
-        if undo is not None:
-            return undo
+        self.rejected = [r for r in self.rejected if r[2] > self._decision_count]
+        best = self._fastest_if_slower(current)
+        if best is not None:
+            return self._move_toward(best)
         n = len(current)
         median = [statistics.median(r[k] for r in rows) for k in range(n)]
         if (max(median) - min(median)) / max(median) <= _DEADBAND:
@@ -134,7 +139,13 @@ class Calibrator:
         speed = [current[k] / (median[k] - fixed[k]) for k in range(n)]
         # Target in whole samples with every rank >= 1 (a continuous target below 1 would pin a
         # rank at its floor and block every move).
-        target = split_batch_timed(self.global_batch, speed, fixed)
+        new = self._move_toward(split_batch_timed(self.global_batch, speed, fixed))
+        return None if self._blocked(new) else new
+
+    def _move_toward(self, target: Sequence[float]) -> list[int]:
+        """The largest step from the current sizes toward ``target`` that keeps every rank within
+        +-max_change (target and sizes both sum to G, so every point on the way does too)."""
+        current, n = self.sizes, len(self.sizes)
         lo, hi = self._bounds()
         lam = 1.0
         for k in range(n):
@@ -143,10 +154,18 @@ class Calibrator:
             if abs(delta) > 1e-12:
                 lam = min(lam, max(room, 0) / abs(delta))
         moved = [current[k] + lam * (target[k] - current[k]) for k in range(n)]
-        new = split_batch(self.global_batch, moved, max_per_rank=hi)
-        return None if tuple(new) in self.rejected else new
+        return split_batch(self.global_batch, moved, max_per_rank=hi)
 
-    def _undo_if_slower(self, current: tuple[int, ...]) -> list[int] | None:
+    def _blocked(self, new: Sequence[int]) -> bool:
+        """Whether ``new`` goes halfway or more from a rejection's fastest plan toward its undone plan."""
+        for undone, base, _ in self.rejected:
+            way = [u - b for u, b in zip(undone, base)]
+            step = [x - b for x, b in zip(new, base)]
+            if sum(a * b for a, b in zip(step, way)) >= 0.5 * sum(a * a for a in way):
+                return True
+        return False
+
+    def _fastest_if_slower(self, current: tuple[int, ...]) -> tuple[int, ...] | None:
         """Record the current plan's measured step time; the fastest plan if this one is slower."""
         walls = [w for _, b, w in self.rows if b == current and not math.isnan(w)]
         if len(walls) < _MIN_ROWS:
@@ -154,11 +173,12 @@ class Calibrator:
         self.measured[current] = statistics.median(walls)
         best = min(self.measured, key=self.measured.__getitem__)
         # bounded: only the plans a later decision can still compare against are kept
-        self.measured = {p: t for p, t in self.measured.items() if p in (best, current) or p in self.rejected}
-        if best != current and self.measured[current] > self.measured[best] * (1.0 + _WORSE):
-            self.rejected[current] = self._decision_count
-            return list(best)
-        return None
+        self.measured = {p: t for p, t in self.measured.items() if p in (best, current)}
+        if best == current or self.measured[current] <= self.measured[best] * (1.0 + _WORSE):
+            return None
+        self._undos += 1
+        self.rejected.append((current, best, self._decision_count + _FORGET_AFTER * 2 ** (self._undos - 1)))
+        return best
 
     def _bounds(self) -> tuple[list[int], list[int]]:
         """Integer bounds of one move: within +-max_change, but always at least one sample of room."""
@@ -172,7 +192,8 @@ class Calibrator:
         return {"sizes": list(self.sizes), "rows": [[list(t), list(b), w] for t, b, w in self.rows],
                 "decisions": [[s, list(d)] for s, d in self.decisions],
                 "measured": [[list(p), t] for p, t in self.measured.items()],
-                "rejected": [[list(p), d] for p, d in self.rejected.items()], "decision_count": self._decision_count}
+                "rejected": [[list(p), list(b), e] for p, b, e in self.rejected],
+                "decision_count": self._decision_count, "undos": self._undos}
 
     def load_state_dict(self, state: dict) -> None:
         sizes = [int(b) for b in state["sizes"]]
@@ -185,5 +206,7 @@ class Calibrator:
                           float(row[2]) if len(row) > 2 else math.nan) for row in state["rows"])
         self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]
         self.measured = {tuple(int(x) for x in p): float(t) for p, t in state.get("measured", [])}
-        self.rejected = {tuple(int(x) for x in p): int(d) for p, d in state.get("rejected", [])}
+        self.rejected = [(tuple(int(x) for x in p), tuple(int(x) for x in b), int(e))
+                         for p, b, e in state.get("rejected", [])]
         self._decision_count = int(state.get("decision_count", 0))
+        self._undos = int(state.get("undos", 0))

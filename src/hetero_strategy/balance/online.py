@@ -42,7 +42,8 @@ class OnlineBalancer:
         cfg = self.calibrator.config
         return step >= cfg.cold_start_steps and (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every == 0
 
-    def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float = math.nan) -> list[int] | None:
+    def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float | None = None
+                 ) -> list[int] | None:
         """Record this rank's step; at a decision step, gather all ranks' rows and decide.
 
         ``step_s`` is this rank's whole step (communication included); the slowest rank's is the
@@ -51,7 +52,7 @@ class OnlineBalancer:
         Returns the new sizes (scheduled from the first step the sampler has not yielded yet) or None.
         """
         if step >= self.calibrator.config.cold_start_steps:
-            self._pending.append((step, compute_s, local_batch, step_s))
+            self._pending.append((step, compute_s, local_batch, math.nan if step_s is None else float(step_s)))
         if not self.decision_due(step):
             return None
         mine = [x for _, t, b, w in self._pending for x in (t, float(b), w)]

@@ -1,15 +1,18 @@
-"""What every rank of a benchmark worker does around its job: one gloo group, rank 0 writes the JSON."""
+"""Around a benchmark's ranks: the worker's side (one gloo group, rank 0 writes the JSON) and the
+driver's (launch the workers on the emulated cluster, collect every rank's JSON)."""
 
 from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["gloo_job"]
+__all__ = ["gloo_job", "run_job"]
 
 
 def gloo_job(out: str, job: Callable[[], dict], timeout_s: float = 300) -> int:
@@ -25,3 +28,19 @@ def gloo_job(out: str, job: Callable[[], dict], timeout_s: float = 300) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def run_job(cluster: Any, cmd: list[str], modes: Sequence[str], out: Path, timeout: float, console: Any,
+            name: str) -> dict[str, list[dict]]:
+    """Run ``cmd`` on every rank of ``cluster``; ``<mode>_r<rank>.json`` under ``out`` per mode.
+
+    A failed or timed-out launch raises RuntimeError with every rank's output tail.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    res = cluster.run(cmd, timeout=timeout)
+    if not res.ok:
+        tail = "\n".join(f"--- rank {k} ---\n{o[-2500:]}" for k, o in enumerate(res.outputs))
+        raise RuntimeError(f"{name} run failed (exit codes {res.returncodes}, timed out {res.timed_out}):\n{tail}")
+    console.print(f"  {name}: {res.wall_s:.1f} s")
+    return {m: [json.loads(Path(out, f"{m}_r{k}.json").read_text()) for k in range(len(res.returncodes))]
+            for m in modes}

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from hetero_strategy.benchmarks_impl._ranks import run_job
 from hetero_strategy.benchmarks_impl.balance_summary import (
     FRAMEWORKS,
     MODELS,
@@ -77,10 +79,16 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[float]] | str:
         return f"--trainings={args.trainings!r} is invalid: give distinct names from {', '.join(TRAININGS)}"
     if args.sweep and "hetero" not in trainings:
         return "--sweep needs the static plan: include hetero in --trainings"
+    if "ddp_powersgd" in trainings and args.framework != "ddp":
+        # NOTE: Lightning's DDPStrategy registers ddp_comm_hook on CUDA only: on CPU it would
+        # silently measure dense DDP under the PowerSGD name
+        return "--trainings ddp_powersgd needs --framework ddp (Lightning registers DDP comm hooks on CUDA only)"
     try:
         alphas = [float(a) for a in args.sweep_points.split(",")]
     except ValueError:
-        return f"--sweep-points={args.sweep_points!r} is invalid: give numbers such as 0.8,0.9,1.0,1.1,1.2"
+        alphas = []
+    if not alphas or not all(math.isfinite(a) and a >= 0 for a in alphas):
+        return f"--sweep-points={args.sweep_points!r} is invalid: give numbers >= 0 such as 0.8,0.9,1.0,1.1,1.2"
     if args.rounds < 1:
         return f"--rounds={args.rounds} is invalid: run at least 1 round (5 or more to report medians)"
     cal = any(t in ("hetero_cal", "hetero_auto") for t in trainings)
@@ -112,13 +120,20 @@ def run(args: argparse.Namespace) -> int:
             console.print(cluster_table(cluster.describe()))
             for i in range(args.rounds):
                 out = Path(tmp, f"round{i}")
-                jobs = [(m, m, None) for m in trainings] + [(f"split{j}", "split", s) for j, s in enumerate(splits)]
+                # bare DDP runs a round's trainings one after another in one launch (one start-up,
+                # which costs a quarter-core rank most of a minute); Lightning needs one each.
+                # Odd rounds run everything in reverse order.
+                order = trainings if i % 2 == 0 else trainings[::-1]
+                groups = [order] if args.framework == "ddp" else [[m] for m in trainings]
+                jobs = [(m, None) for m in groups] + [(["split"], s) for s in splits]
                 jobs = jobs if i % 2 == 0 else jobs[::-1]
-                raw = {name: _launch(cluster, mode, sizes, args, out / name, console)
-                       for name, mode, sizes in [("solo", "solo", None), *jobs]}
+                raw = _launch(cluster, ["solo"], None, args, out / "solo", console)
+                for j, (modes, sizes) in enumerate(jobs):
+                    got = _launch(cluster, modes, sizes, args, out / f"job{j}", console)
+                    raw.update(got if sizes is None else {f"split{splits.index(sizes)}": got["split"]})
                 if args.sweep and not splits:  # round 0: the sweep is centred on its static plan
                     splits = sweep_splits(_plan(raw["hetero"]), alphas)
-                    raw.update({f"split{j}": _launch(cluster, "split", s, args, out / f"split{j}", console)
+                    raw.update({f"split{j}": _launch(cluster, ["split"], s, args, out / f"split{j}", console)["split"]
                                 for j, s in enumerate(splits)})
                 rounds.append(_round(raw, trainings, splits, args))
                 console.print(f"round {i + 1}/{args.rounds}: " + ", ".join(
@@ -139,21 +154,17 @@ def _plan(ranks: list[dict]) -> list[int]:
         int(r["batches"][-1]) for r in ranks]
 
 
-def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Namespace, out: Path,
-            console: Any) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    steps = args.cal_steps if mode in ("hetero_cal", "hetero_auto") else args.steps
-    cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
-           "--steps", str(steps), "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
-           "--overlap-comm", args.overlap_comm, "--framework", args.framework]
+def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argparse.Namespace, out: Path,
+            console: Any) -> dict[str, list[dict]]:
+    """One launch of the worker running ``modes`` in turn; every mode's per-rank records."""
+    cmd = [sys.executable, "-m", _WORKER, "--mode", ",".join(modes), "--out", str(out), "--batch", str(args.batch),
+           "--steps", str(args.steps), "--cal-steps", str(args.cal_steps), "--recalibrate-every",
+           str(args.recalibrate_every), "--model", args.model, "--overlap-comm", args.overlap_comm,
+           "--framework", args.framework]
     if sizes is not None:
         cmd += ["--sizes", ",".join(map(str, sizes))]
-    res = cluster.run(cmd, timeout=args.timeout)
-    if not res.ok:
-        tail = "\n".join(f"--- rank {k} ---\n{o[-2500:]}" for k, o in enumerate(res.outputs))
-        raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out}):\n{tail}")
-    console.print(f"  {mode}{'' if sizes is None else ' ' + str(sizes)}: {res.wall_s:.1f} s")
-    return [json.loads(Path(out, f"{mode}_r{k}.json").read_text()) for k in range(len(res.returncodes))]
+    name = ",".join(modes) + ("" if sizes is None else f" {sizes}")
+    return run_job(cluster, cmd, modes, out, args.timeout, console, name)
 
 
 def _round(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]],
@@ -199,8 +210,9 @@ def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
     ddp = result.get("ddp_samples_per_s")
     for m in result["trainings"]:
         sps, spread = result[f"{m}_samples_per_s"], result["spread"][f"{m}_samples_per_s"]
+        vs_ddp = "1.00" if m == "ddp" else f"{result[f'{m}_speedup_vs_ddp']:.2f}" if ddp else ""
         table.add_row(m, f"{sps:.0f} ({spread['min']:.0f}-{spread['max']:.0f})",
-                      f"{sps / result['ideal_samples_per_s']:.2f}", f"{sps / ddp:.2f}" if ddp else "",
+                      f"{sps / result['ideal_samples_per_s']:.2f}", vs_ddp,
                       f"{result[f'fast_rank_idle_fraction_{m}']:.1%}", f"{result[f'balance_{m}']:.2f}",
                       str(result["batch_sizes"][m]))
     for point in result.get("sweep", []):

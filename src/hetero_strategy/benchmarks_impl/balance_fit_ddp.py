@@ -45,8 +45,11 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
         model: nn.Module = net
         loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
     else:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-        model = DistributedDataParallel(net)
+        if not dist.is_initialized():  # one group for every mode of the launch (the worker destroys it)
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+        # NOTE: PyTorch's powerSGD_hook chains collectives in future callbacks; with several buckets
+        # on gloo ranks issue them in different orders and abort (hooks/baselines.py): one bucket
+        model = DistributedDataParallel(net, **({"bucket_cap_mb": 1000} if mode == "ddp_powersgd" else {}))
         if mode in ("ddp", "ddp_powersgd"):
             sampler = DistributedSampler(data, shuffle=True, seed=0)
             loader = DataLoader(data, batch_size=args.batch, sampler=sampler, drop_last=True)
@@ -59,8 +62,6 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
     out = clock.record(mode) | runtime_record(runtime)
     if args.accuracy:
         out["accuracy"] = test_accuracy(net)
-    if mode != "solo":
-        dist.destroy_process_group()
     return out
 
 

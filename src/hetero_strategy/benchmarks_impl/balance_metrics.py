@@ -18,11 +18,16 @@ import itertools
 import statistics
 from typing import Any
 
-__all__ = ["mode_figures", "round_figures", "solo_figures"]
+__all__ = ["median_step", "mode_figures", "round_figures", "solo_figures"]
 
 
 def _diffs(starts: list[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def median_step(starts: list[float], measure: int) -> float:
+    """Median time from one step's start to the next over the last ``measure`` steps."""
+    return statistics.median(_diffs(starts)[-measure:])
 
 
 def solo_figures(ranks: list[dict], batch: int, skip: int = 3) -> dict[str, Any]:
@@ -34,7 +39,7 @@ def solo_figures(ranks: list[dict], batch: int, skip: int = 3) -> dict[str, Any]
 def mode_figures(ranks: list[dict], solo: dict[str, Any], measure: int) -> dict[str, Any]:
     """Throughput, sizes, fast-rank idle and balance over the last ``measure`` steps of one mode."""
     speeds, t_ar = solo["solo_samples_per_s"], solo["t_ar_s"]
-    step = statistics.median(_diffs(ranks[0]["starts"])[-measure:])
+    step = median_step(ranks[0]["starts"], measure)
     sizes = [int(statistics.median(r["batches"][-measure:])) for r in ranks]
     g = sum(sizes)
     fast = max(range(len(speeds)), key=lambda k: speeds[k])

@@ -18,7 +18,7 @@ from typing import Any
 
 from hetero_strategy.balance.shares import split_batch
 
-__all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "summarise", "sweep_splits"]
+__all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "spread", "summarise", "sweep_splits"]
 
 # What the worker can train (besides "solo" and "split"), and its models; here, not in the worker,
 # because the worker imports Lightning and the command line must not.
@@ -28,18 +28,18 @@ FRAMEWORKS = ("lightning", "ddp")  # the worker's training loops: balance_fit_<f
 
 # Legacy names (issue 3) of the static ("hetero") and calibrated ("hetero_cal") runs' figures.
 _SUFFIX = {"hetero": "", "hetero_cal": "_calibrated"}
-_IDLE = {"ddp": "ddp", "hetero": "hetero", "hetero_cal": "hetero_calibrated"}
 
 
 def sweep_splits(planned: Sequence[int], alphas: Sequence[float]) -> list[list[int]]:
     """Fixed splits on the line from the equal split (alpha 0) through ``planned`` (alpha 1).
 
     With 2 ranks this line is every split there is; with more it varies how far the plan leans
-    toward the fast ranks, which is what a wrong speed estimate gets wrong. Duplicates are dropped.
+    toward the fast ranks, which is what a wrong speed estimate gets wrong. In increasing alpha;
+    duplicates are dropped.
     """
     g, n = sum(planned), len(planned)
     out: list[list[int]] = []
-    for a in alphas:
+    for a in sorted(alphas):
         target = [max(1e-9, g / n + a * (b - g / n)) for b in planned]
         sizes = split_batch(g, target)
         if sizes not in out:
@@ -47,7 +47,8 @@ def sweep_splits(planned: Sequence[int], alphas: Sequence[float]) -> list[list[i
     return out
 
 
-def _spread(values: list[float]) -> dict[str, float]:
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of one figure over rounds."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -66,7 +67,7 @@ def summarise(rounds: list[dict], trainings: Sequence[str], config: dict, descri
     for m in trainings:
         key = f"{m}_samples_per_s"
         result[key] = med(key)
-        result["spread"][key] = _spread([r[key] for r in rounds])
+        result["spread"][key] = spread([r[key] for r in rounds])
         result[f"{m}_vs_ideal"] = med(f"{m}_vs_ideal")
         result[f"balance_{m}"] = med(f"balance_{m}")
         result[f"fast_rank_idle_fraction_{m}"] = med(f"fast_rank_idle_fraction_{m}")
@@ -79,9 +80,9 @@ def summarise(rounds: list[dict], trainings: Sequence[str], config: dict, descri
             result[f"fast_rank_idle_fraction_hetero{suffix}"] = result[f"fast_rank_idle_fraction_{m}"]
             if "ddp" in trainings:
                 result[f"speedup_vs_ddp{suffix}"] = result[f"{m}_speedup_vs_ddp"]
-    if "hetero_tiered" in trainings and "ddp_powersgd" in trainings:
-        result["hetero_tiered_vs_ddp_powersgd"] = result["hetero_tiered_samples_per_s"] / result[
-            "ddp_powersgd_samples_per_s"]
+    if "hetero_tiered" in trainings and "ddp_powersgd" in trainings:  # paired within a round
+        result["hetero_tiered_vs_ddp_powersgd"] = statistics.median(
+            r["hetero_tiered_samples_per_s"] / r["ddp_powersgd_samples_per_s"] for r in rounds)
     result["fast_rank_idle_fraction_solo_estimate"] = {
         m: med(f"fast_rank_idle_fraction_{m}_solo_estimate") for m in trainings}
     result["batch_sizes"] = {m: rounds[-1]["modes"][m]["batch_sizes"] for m in trainings}
@@ -97,15 +98,17 @@ def summarise(rounds: list[dict], trainings: Sequence[str], config: dict, descri
 def _add_sweep(result: dict[str, Any], rounds: list[dict], trainings: Sequence[str]) -> None:
     sweep = []
     for j, point in enumerate(rounds[0]["sweep"]):
-        entry = {"sizes": point["sizes"], **_spread([r["sweep"][j]["samples_per_s"] for r in rounds])}
+        entry = {"sizes": point["sizes"], **spread([r["sweep"][j]["samples_per_s"] for r in rounds])}
         sweep.append(entry)
-    best = max(sweep, key=lambda e: e["median"])
+    j = max(range(len(sweep)), key=lambda i: sweep[i]["median"])
     result["sweep"] = sweep
-    result["best_split"] = best["sizes"]
-    result["best_split_samples_per_s"] = best["median"]
-    result["best_split_at_sweep_edge"] = best is sweep[0] or best is sweep[-1]
-    for m in trainings:
-        result[f"{m}_vs_best_split"] = result[f"{m}_samples_per_s"] / best["median"]
+    result["best_split"] = sweep[j]["sizes"]
+    result["best_split_samples_per_s"] = sweep[j]["median"]
+    # an end of a sweep of 3+ splits (in increasing alpha) may not bracket the best split
+    result["best_split_at_sweep_edge"] = len(sweep) >= 3 and j in (0, len(sweep) - 1)
+    for m in trainings:  # paired within a round, as the speedups
+        result[f"{m}_vs_best_split"] = statistics.median(
+            r[f"{m}_samples_per_s"] / r["sweep"][j]["samples_per_s"] for r in rounds)
 
 
 def goals(result: dict) -> dict[str, dict]:

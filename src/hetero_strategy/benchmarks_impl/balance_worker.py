@@ -45,7 +45,8 @@ _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     loop = importlib.import_module(f"hetero_strategy.benchmarks_impl.balance_fit_{args.framework}")
-    return loop.fit(mode, args, world, args.solo_steps if mode == "solo" else args.steps)
+    steps = {"solo": args.solo_steps, "hetero_cal": args.cal_steps, "hetero_auto": args.cal_steps}
+    return loop.fit(mode, args, world, steps.get(mode, args.steps))
 
 
 def _solo(args: argparse.Namespace) -> dict:
@@ -74,13 +75,15 @@ def _solo(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", required=True,
+                   help=f"one of {', '.join(MODES)}; with --framework ddp, several in turn (comma-separated)")
     p.add_argument("--out", required=True, help="directory; this rank writes <mode>_r<RANK>.json there")
     p.add_argument("--framework", choices=FRAMEWORKS, default="lightning")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--sizes", default=None, help="split mode: the per-rank batch sizes, e.g. 180,76")
     p.add_argument("--model", choices=MODELS, default="resnet18")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--cal-steps", type=int, default=60, help="steps of hetero_cal / hetero_auto")
     p.add_argument("--solo-steps", type=int, default=12)
     p.add_argument("--ar-reps", type=int, default=5)
     p.add_argument("--cold-start", type=int, default=5)
@@ -91,11 +94,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overlap-comm", choices=("on", "off"), default="on", help="hetero: overlap_comm")
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
+    modes = args.mode.split(",")
+    if any(m not in MODES for m in modes) or (len(modes) > 1 and ("solo" in modes or args.framework != "ddp")):
+        p.error(f"--mode={args.mode!r} is invalid: give one of {', '.join(MODES)}, or several trainings with "
+                "--framework ddp")
+    if "split" in modes and not args.sizes:
+        p.error("--mode split needs --sizes (the per-rank batch sizes, e.g. 180,76)")
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    result = _solo(args) if args.mode == "solo" else _fit(args.mode, args, world)
-    result["rank"] = int(os.environ.get("RANK", "0"))
-    Path(args.out, f"{args.mode}_r{result['rank']}.json").write_text(json.dumps(result))
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        for mode in modes:
+            result = _solo(args) if mode == "solo" else _fit(mode, args, world)
+            result["rank"] = rank
+            Path(args.out, f"{mode}_r{rank}.json").write_text(json.dumps(result))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # the bare-DDP loop keeps one process group for all its modes
+            dist.destroy_process_group()
     return 0
 
 

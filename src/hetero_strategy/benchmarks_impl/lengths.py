@@ -16,13 +16,16 @@ Example::
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from hetero_strategy.benchmarks_impl._ranks import run_job
+from hetero_strategy.benchmarks_impl.balance_metrics import median_step
+from hetero_strategy.benchmarks_impl.balance_summary import spread
 
 __all__ = ["add_arguments", "figures", "run"]
 
@@ -46,11 +49,10 @@ def figures(ranks: list[dict], measure: int, global_batch: int) -> dict[str, flo
     """One run's step time, samples/s, tokens/s and per-step balance over its last ``measure`` steps."""
     from hetero_strategy.runtime.timer import balance
 
-    diffs = [b - a for a, b in itertools.pairwise(ranks[0]["starts"])][-measure:]
-    step = statistics.median(diffs)
+    step = median_step(ranks[0]["starts"], measure)
     n = len(ranks[0]["compute_s"])
     last = range(max(0, n - measure), n)
-    tokens = statistics.mean(sum(r["batches"][k] for r in ranks) for k in last)
+    tokens = statistics.median(sum(r["batches"][k] for r in ranks) for k in last)
     return {"step_s": step, "samples_per_s": global_batch / step, "tokens_per_s": tokens / step,
             "balance": statistics.median(balance([r["compute_s"][k] for r in ranks]) for k in last)}
 
@@ -101,23 +103,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Namespace, out: Path,
             console: Any) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
            "--steps", str(args.steps)] + ([] if sizes is None else ["--sizes", ",".join(map(str, sizes))])
-    res = cluster.run(cmd, timeout=args.timeout)
-    if not res.ok:
-        tail = "\n".join(f"--- rank {k} ---\n{o[-2500:]}" for k, o in enumerate(res.outputs))
-        raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out}):\n{tail}")
-    console.print(f"  {mode}: {res.wall_s:.1f} s")
-    return [json.loads(Path(out, f"{mode}_r{k}.json").read_text()) for k in range(len(res.returncodes))]
+    return run_job(cluster, cmd, [mode], out, args.timeout, console, mode)[mode]
 
 
 def _summary(rounds: list[dict], args: argparse.Namespace, description: list[dict], solo: list[float],
              sizes: list[int]) -> dict[str, Any]:
-    def spread(m: str, key: str) -> dict[str, float]:
-        values = [r[m][key] for r in rounds]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
     result: dict[str, Any] = {
         "benchmark": "lengths", "emulation": "simulated" if args.simulate else "namespaces",
         "cluster": description, "command": " ".join(sys.argv),
@@ -129,7 +121,7 @@ def _summary(rounds: list[dict], args: argparse.Namespace, description: list[dic
     }
     for m in _TRAININGS:
         for key in ("samples_per_s", "tokens_per_s", "balance"):
-            s = spread(m, key)
+            s = spread([r[m][key] for r in rounds])
             result[f"{m}_{key}"] = s["median"]
             result["spread"][f"{m}_{key}"] = s
     for a, b in (("cost", "count"), ("cost", "ddp"), ("count", "ddp")):

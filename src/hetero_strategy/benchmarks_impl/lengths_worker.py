@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=None, help="count / cost: the per-rank batch sizes, e.g. 40,24")
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args(argv)
+    if args.mode in ("count", "cost") and not args.sizes:
+        p.error(f"--mode {args.mode} needs --sizes (the per-rank batch sizes, e.g. 40,24)")
     torch.set_num_threads(1)
     result = _fit(args)
     result["rank"] = int(os.environ.get("RANK", "0"))

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(tmp), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
+           "--steps", str(args.steps), "--cal-steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
            "--lr", "0.05", "--progress", "--accuracy"]
     res = cluster.run(cmd, timeout=args.timeout, capture=False)
     if not res.ok:

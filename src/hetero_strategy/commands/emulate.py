@@ -5,7 +5,7 @@ Example::
     hetero-strategy emulate --nproc 2 --compute 1.0,0.57 --link 10gbit,100mbit -- python train.py
     hetero-strategy emulate --simulate --compute 1.0,0.57 -- python train.py   # without root
     # node A: 1 rank on 10 Gbit; node B: 3 ranks sharing a namespace (loopback inside) and a 1 Gbit link
-    hetero-strategy emulate --nodes 1,3 --compute 1.0,0.4 --link 10gbit,1gbit -- python train.py
+    hetero-strategy emulate --nodes 1,3 --compute 1.0,0.4,0.4,0.4 --link 10gbit,1gbit -- python train.py
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ def _resolve(args, parse_float_list, parse_link_list):
         try:
             nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
         except ValueError:
-            raise ValueError(f"--nodes={args.nodes!r} is invalid: give ranks per node, e.g. 1,3") from None
+            nodes = []
+        if not nodes or min(nodes) < 1:
+            raise ValueError(f"--nodes={args.nodes!r} is invalid: give each node's rank count (>= 1), e.g. 1,3")
     n = args.nproc or (sum(nodes) if nodes else len(compute) if compute else 1)
     if nodes is not None and sum(nodes) != n:
         raise ValueError(f"--nodes={args.nodes!r} is invalid: its {sum(nodes)} ranks do not match --nproc={n}")
@@ -108,7 +110,8 @@ def _resolve(args, parse_float_list, parse_link_list):
     if len(compute) == 1:
         compute = compute * n
     if len(compute) != n:
-        raise ValueError(f"--compute={args.compute!r} is invalid: give 1 or --nproc={n} factors")
+        where = f"--nodes={args.nodes}" if nodes and not args.nproc else f"--nproc={n}"
+        raise ValueError(f"--compute={args.compute!r} is invalid: give 1 factor or {n} (one per rank of {where})")
     latency = parse_float_list(args.latency, "--latency") if args.latency else None
     return compute, parse_link_list(args.link), latency, nodes
 

@@ -155,6 +155,10 @@ class EmulatedCluster:
         if not self._open:
             raise EmulatorError("the cluster is not started: use `with EmulatedCluster(...) as cluster:`")
         world = list(range(self.spec.nproc)) if ranks is None else list(ranks)
+        nodes = [self.spec.node_of[r] for r in world]
+        if any(a != b and b in nodes[:i] for i, (a, b) in enumerate(itertools.pairwise(nodes), 1)):
+            # torchrun numbers ranks node by node (RANK = the node's base + LOCAL_RANK)
+            raise ValueError(f"ranks={world!r} is invalid: list each node's ranks together (nodes {nodes})")
         master_env = self.rank_env(world[0], world, env)  # one port for the whole job
         procs = []
         for k in world:
