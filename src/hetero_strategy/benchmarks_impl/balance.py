@@ -100,6 +100,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[float]] | str:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
@@ -120,14 +121,16 @@ def run(args: argparse.Namespace) -> int:
             console.print(cluster_table(cluster.describe()))
             for i in range(args.rounds):
                 out = Path(tmp, f"round{i}")
-                # bare DDP runs a round's trainings one after another in one launch (one start-up,
-                # which costs a quarter-core rank most of a minute); Lightning needs one each.
-                # Odd rounds run everything in reverse order.
+                # bare DDP runs a round's solo and trainings one after another in one launch (one
+                # start-up, which costs a quarter-core rank most of a minute); Lightning needs one
+                # launch each. Odd rounds run the trainings (and splits) in reverse order.
                 order = trainings if i % 2 == 0 else trainings[::-1]
-                groups = [order] if args.framework == "ddp" else [[m] for m in trainings]
-                jobs = [(m, None) for m in groups] + [(["split"], s) for s in splits]
+                if args.framework == "ddp":
+                    raw, groups = _launch(cluster, ["solo", *order], None, args, out / "trainings", console), []
+                else:
+                    raw, groups = _launch(cluster, ["solo"], None, args, out / "solo", console), trainings
+                jobs = [([m], None) for m in groups] + [(["split"], s) for s in splits]
                 jobs = jobs if i % 2 == 0 else jobs[::-1]
-                raw = _launch(cluster, ["solo"], None, args, out / "solo", console)
                 for j, (modes, sizes) in enumerate(jobs):
                     got = _launch(cluster, modes, sizes, args, out / f"job{j}", console)
                     raw.update(got if sizes is None else {f"split{splits.index(sizes)}": got["split"]})
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                     f", ideal {rounds[-1]['ideal_samples_per_s']:.0f}/s")
             description = cluster.describe()
     except (EmulatorError, RuntimeError) as e:
-        console.print(f"[red]bench balance: {e}")
+        console.print(f"[red]bench balance:[/red] {escape(str(e))}")  # gloo errors hold [brackets]
         return 1
     result = summarise(rounds, trainings, _config(args), description, "simulated" if args.simulate else "namespaces")
     _write(result, args, console)

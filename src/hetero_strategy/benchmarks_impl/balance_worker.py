@@ -59,7 +59,8 @@ def _solo(args: argparse.Namespace) -> dict:
         solo = _fit("solo", args, world=1)
     finally:
         os.environ.update(saved)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    if not dist.is_initialized():  # kept for the launch's next modes; main() destroys it
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     grad = torch.zeros(sum(p.numel() for p in resnet18_32(args.model).parameters()))  # (P,) the whole gradient
     ar = []
     for i in range(args.ar_reps + 1):
@@ -68,7 +69,6 @@ def _solo(args: argparse.Namespace) -> dict:
         dist.all_reduce(grad)
         if i >= 1:  # the first call sets up gloo's buffers
             ar.append(time.perf_counter() - t0)
-    dist.destroy_process_group()
     solo.update(t_ar_s=statistics.median(ar), ar_times=ar, grad_bytes=grad.numel() * 4)
     return solo
 
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
     args = p.parse_args(argv)
     modes = args.mode.split(",")
-    if any(m not in MODES for m in modes) or (len(modes) > 1 and ("solo" in modes or args.framework != "ddp")):
-        p.error(f"--mode={args.mode!r} is invalid: give one of {', '.join(MODES)}, or several trainings with "
-                "--framework ddp")
+    if any(m not in MODES for m in modes) or (len(modes) > 1 and ("solo" in modes[1:] or args.framework != "ddp")):
+        p.error(f"--mode={args.mode!r} is invalid: give one of {', '.join(MODES)}, or with --framework ddp several "
+                "(solo first, if at all)")
     if "split" in modes and not args.sizes:
         p.error("--mode split needs --sizes (the per-rank batch sizes, e.g. 180,76)")
     torch.set_num_threads(1)

@@ -59,6 +59,7 @@ def figures(ranks: list[dict], measure: int, global_batch: int) -> dict[str, flo
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from hetero_strategy.balance.shares import split_batch
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                     for m in _TRAININGS))
             description = cluster.describe()
     except (EmulatorError, RuntimeError) as e:
-        console.print(f"[red]bench lengths: {e}")
+        console.print(f"[red]bench lengths:[/red] {escape(str(e))}")  # gloo errors hold [brackets]
         return 1
     result = _summary(rounds, args, description, solo, sizes)
     path = Path(args.json)
