@@ -81,6 +81,8 @@ def test_step_plans_survive_pickle_and_deepcopy():
     (dict(sample_cost="lengths", calibrate=True), 1, "invalid with calibrate=True"),
     (dict(sample_cost="missing"), 1, "has no attribute 'missing'"),
     (dict(sample_cost="lengths", loss_normalization="tokens"), 1, "a sample with 0 tokens"),
+    (dict(sample_cost=lambda i: -1 if i == 2 else 1), 1, "it returned -1 for sample 2"),
+    (dict(sample_cost=lambda i: "long"), 1, "it returned 'long' for sample 0"),
 ])
 def test_what_dealing_cannot_do_is_refused_up_front(fields, accumulate, match):
     from torch.utils.data import DataLoader
@@ -94,3 +96,32 @@ def test_what_dealing_cannot_do_is_refused_up_front(fields, accumulate, match):
     runtime = HeteroRuntime(HeteroConfig.from_flat(batch_sizes=[2], **fields), 0, 1)
     with pytest.raises(ConfigError, match=match):
         runtime.train_loader(DataLoader(Texts([1, 2, 3, 4]), batch_size=2), seed=0, accumulate=accumulate)
+
+
+def test_a_cost_function_deals_like_the_dataset_attribute():
+    """sample_cost=lambda i: len(tokens[i]) and sample_cost="lengths" name the same costs: the
+    same samples go to the same ranks, step after step (two ranks' loaders, built on one process)."""
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.config import ConfigError, HeteroConfig
+    from hetero_strategy.runtime.loaders import hetero_train_loader
+
+    rng = random.Random(0)
+    tokens = [[0] * rng.choice([2, 3, 40]) for _ in range(48)]
+
+    class Texts(list):
+        lengths = [len(t) for t in tokens]
+
+    def batches(spec, rank):
+        loader, _ = hetero_train_loader(DataLoader(Texts(range(48)), batch_size=8, shuffle=True,
+                                                   collate_fn=list), [10, 6], rank, seed=3, sample_cost=spec)
+        return list(loader)
+
+    for rank in (0, 1):
+        by_attribute, by_function = batches("lengths", rank), batches(lambda i: len(tokens[i]), rank)
+        assert by_attribute == by_function and len(by_attribute) == 3
+    counts = [len(b) for b in batches("lengths", 0)]
+    assert counts != [10, 10, 10]  # dealt by cost, not by count
+    HeteroConfig.from_flat(sample_cost=lambda i: 1.0)  # accepted at construction
+    with pytest.raises(ConfigError, match="sample_cost=3 is invalid"):
+        HeteroConfig.from_flat(sample_cost=3)

@@ -12,10 +12,13 @@ upsampled to 32x32, batch B per rank.
 
 Example::
 
-    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --rounds 5 --sweep
+    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --rounds 5 --sweep   # 2 ranks, 1.0 / 0.57 of a core
+    # 4 ranks, balance alone
+    flock /tmp/hetero_cpu.lock hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 --batch 32 \
+        --model resnet18_l3 --framework ddp --trainings ddp,hetero --json benchmarks/results/balance_4rank.json
     # 4 ranks, mixed links: hetero + tiered against DDP and DDP + PowerSGD
     flock /tmp/hetero_cpu.lock hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 \
-        --link 10gbit,10gbit,1gbit,100mbit --batch 64 --model resnet18_l3 \
+        --link 10gbit,10gbit,1gbit,100mbit --batch 32 --model resnet18_l3 \
         --framework ddp --trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
     hetero-strategy bench balance --simulate --rounds 1 --steps 20   # without root (labelled simulated)
 """
@@ -50,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", default=None, help="chart path (default: the JSON path with .png)")
     parser.add_argument("--compute", default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
     parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
-    parser.add_argument("--batch", type=int, default=128, help="mean per-rank batch B (default 128)")
+    parser.add_argument("--batch", type=int, default=64, help="mean per-rank batch B (default 64)")
     parser.add_argument("--model", choices=MODELS, default="resnet18", help="workload model (default resnet18)")
     parser.add_argument("--framework", choices=FRAMEWORKS, default="lightning",
                         help="lightning: L.Trainer + HeteroStrategy (default); ddp: torch DDP + HeteroRuntime "
@@ -58,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
                         help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
-    parser.add_argument("--sweep-points", default="0.8,0.9,1.0,1.1,1.2",
-                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.8,...,1.2)")
-    parser.add_argument("--steps", type=int, default=30, help="training steps of ddp / static hetero runs")
-    parser.add_argument("--cal-steps", type=int, default=60, help="steps of the calibrated run (from equal shares)")
-    parser.add_argument("--measure", type=int, default=12, help="figures use the last N steps of each run")
+    parser.add_argument("--sweep-points", default="0.85,1.0,1.15",
+                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.85,1.0,1.15)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps of ddp / static hetero runs")
+    parser.add_argument("--cal-steps", type=int, default=50, help="steps of the calibrated run (from equal shares)")
+    parser.add_argument("--measure", type=int, default=10, help="figures use the last N steps of each run")
     parser.add_argument("--recalibrate-every", type=int, default=10, help="calibrator period in the bench")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +35,11 @@ class BalanceConfig:
     profile: str | None = None
     """A cluster-profile JSON (``hetero-strategy profile --json``): its per-rank link bandwidth is
     the beta term of the capacity model; compute is still probed on the real model."""
-    sample_cost: str | None = None
+    sample_cost: str | Callable[[int], float] | None = None
     """Variable-length samples: the name of a training-dataset attribute holding one cost per sample
-    (e.g. ``"lengths"``, token counts). Each global batch is then dealt out by predicted time
-    instead of by count; None splits by count."""
+    (e.g. ``"lengths"``, token counts), or a function of the sample index (e.g.
+    ``lambda i: len(tokens[i])``). Each global batch is then dealt out by predicted time instead of
+    by count; None splits by count."""
     loss_normalization: str = "samples"
     """What the loss averages over: "samples" (a mean over samples) or "tokens" (a mean over
     tokens, whose counts are then ``sample_cost``); each rank is weighted by its part of it."""
@@ -58,8 +60,10 @@ class BalanceConfig:
             _fail("probe_steps", self.probe_steps, "must be an integer >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             _fail("seed", self.seed, "must be an integer or None")
-        if self.sample_cost is not None and (not isinstance(self.sample_cost, str) or not self.sample_cost):
-            _fail("sample_cost", self.sample_cost, "name the dataset attribute with one cost per sample, e.g. 'lengths'")
+        if self.sample_cost is not None and not callable(self.sample_cost) and (
+                not isinstance(self.sample_cost, str) or not self.sample_cost):
+            _fail("sample_cost", self.sample_cost, "name the dataset attribute with one cost per sample, e.g. "
+                  "'lengths', or give a function of the sample index, e.g. lambda i: len(tokens[i])")
         if self.loss_normalization not in LOSS_NORMALIZATIONS:
             _fail("loss_normalization", self.loss_normalization, "choose 'samples' or 'tokens'")
         if self.loss_normalization == "tokens" and self.sample_cost is None:

@@ -6,6 +6,7 @@ the loader given to ``HeteroPlugin.prepare`` before Accelerate shards it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -85,8 +86,17 @@ def check_sample_cost(config: Any, accumulate: int) -> None:
                           "set calibrate=False (the capacity split still sets each rank's share)")
 
 
-def sample_costs(dataset: Any, attribute: str) -> list[float]:
-    """One cost per sample from ``dataset.<attribute>`` (balance.sample_cost), checked up front."""
+def sample_costs(dataset: Any, attribute: str | Callable[[int], float]) -> list[float]:
+    """One cost per sample (balance.sample_cost): ``dataset.<attribute>``, or ``attribute(i)`` for
+    every index when it is a function; checked up front."""
+    if callable(attribute):
+        costs = [attribute(i) for i in range(len(dataset))]
+        bad = next((i for i, c in enumerate(costs) if isinstance(c, bool) or not isinstance(c, (int, float))
+                    or not c >= 0), None)
+        if bad is not None:
+            raise ConfigError(f"sample_cost={attribute!r} is invalid: it returned {costs[bad]!r} for sample {bad}; "
+                              "it must return a non-negative number (e.g. the sample's token count)")
+        return [float(c) for c in costs]
     values = getattr(dataset, attribute, None)
     if values is None:
         raise ConfigError(f"sample_cost={attribute!r} is invalid: the training dataset "
@@ -100,7 +110,7 @@ def sample_costs(dataset: Any, attribute: str) -> list[float]:
 
 
 def hetero_train_loader(loader: DataLoader, sizes: list[int], rank: int | None, seed: int,
-                        shuffle: bool | None = None, sample_cost: str | None = None,
+                        shuffle: bool | None = None, sample_cost: str | Callable[[int], float] | None = None,
                         loss_normalization: str = "samples", caps: list[int] | None = None
                         ) -> tuple[DataLoader, HeteroBatchSampler]:
     """The training loader with capacity-sized slices of each global batch (order: the user's shuffle).
