@@ -81,8 +81,9 @@ def test_step_plans_survive_pickle_and_deepcopy():
     (dict(sample_cost="lengths", calibrate=True), 1, "invalid with calibrate=True"),
     (dict(sample_cost="missing"), 1, "has no attribute 'missing'"),
     (dict(sample_cost="lengths", loss_normalization="tokens"), 1, "a sample with 0 tokens"),
-    (dict(sample_cost=lambda i: -1 if i == 2 else 1), 1, "it returned -1 for sample 2"),
-    (dict(sample_cost=lambda i: "long"), 1, "it returned 'long' for sample 0"),
+    (dict(sample_cost=lambda i: -1 if i == 2 else 1), 1, "it returned -1.0 for sample 2"),
+    (dict(sample_cost=lambda i: "long"), 1, "it raised ValueError.* for sample 0"),
+    (dict(sample_cost=lambda i: float("inf")), 1, "it returned inf for sample 0"),
 ])
 def test_what_dealing_cannot_do_is_refused_up_front(fields, accumulate, match):
     from torch.utils.data import DataLoader
@@ -110,7 +111,7 @@ def test_a_cost_function_deals_like_the_dataset_attribute():
     tokens = [[0] * rng.choice([2, 3, 40]) for _ in range(48)]
 
     class Texts(list):
-        lengths = [len(t) for t in tokens]
+        lengths = tuple(len(t) for t in tokens)
 
     def batches(spec, rank):
         loader, _ = hetero_train_loader(DataLoader(Texts(range(48)), batch_size=8, shuffle=True,
@@ -122,6 +123,17 @@ def test_a_cost_function_deals_like_the_dataset_attribute():
         assert by_attribute == by_function and len(by_attribute) == 3
     counts = [len(b) for b in batches("lengths", 0)]
     assert counts != [10, 10, 10]  # dealt by cost, not by count
-    HeteroConfig.from_flat(sample_cost=lambda i: 1.0)  # accepted at construction
+    import io
+
+    import numpy as np
+    import torch
+
+    assert batches(lambda i: np.int64(len(tokens[i])), 0) == batches("lengths", 0)  # numpy scalars too
+    config = HeteroConfig.from_flat(sample_cost=lambda i: 1.0)  # accepted at construction
+    record = config.to_record()  # what checkpoints store: the function by name
+    assert record["balance"]["sample_cost"].startswith("<function test_a_cost_function")
+    torch.save(record, io.BytesIO())  # pickles (a lambda would not)
+    with pytest.raises(ConfigError, match="a YAML config can only name a dataset attribute"):
+        config.to_yaml("/dev/null")
     with pytest.raises(ConfigError, match="sample_cost=3 is invalid"):
         HeteroConfig.from_flat(sample_cost=3)

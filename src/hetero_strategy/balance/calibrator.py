@@ -21,11 +21,12 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 The model predicts compute only; a step also pays communication and contention it cannot see. So
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
 with the fastest plan measured so far. A plan more than 1% slower is undone: one move (within
-+-max_change) back toward the fastest plan. Until the rejection expires, no move goes halfway or
-more from that fastest plan toward the undone one (so a plan a sample beside it is not tried
-instead); rejections last ``_FORGET_AFTER`` decisions, twice as long after every further undo, in
-case the cluster changed. A run that starts from the probe's plan therefore never settles on a
-measurably slower one.
++-max_change) back toward the fastest plan. Until the rejection expires, no move heads toward the
+undone plan and ends nearer to it than to the fastest one (so a plan a sample beside it is not
+tried instead); moves in other directions stay free. A rejection lasts ``_FORGET_AFTER``
+decisions, twice that each time the same plan is undone again (at most 8 times); a measurement
+that contradicts an older one (the fastest plan is the one undone before) replaces it. A run that
+starts from the probe's plan therefore never settles on a measurably slower one.
 
 Example::
 
@@ -57,8 +58,10 @@ _DEADBAND = 0.02
 _MIN_ROWS = 5
 # A plan whose median step is this much slower than the fastest measured plan is undone.
 _WORSE = 0.01
-# Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted).
+# Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted);
+# doubled each time the same plan is undone again, up to 2 ** _MAX_BACKOFF times.
 _FORGET_AFTER = 10
+_MAX_BACKOFF = 3
 
 
 class Calibrator:
@@ -87,7 +90,7 @@ class Calibrator:
         # (undone plan, the fastest plan it lost to, decision count when the rejection expires)
         self.rejected: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
         self._decision_count = 0
-        self._undos = 0
+        self._strikes: dict[tuple[int, ...], int] = {}  # plan -> times undone (the latest 32 plans)
 
     def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int],
                 step_s: float | None = None) -> list[int] | None:
@@ -157,11 +160,14 @@ class Calibrator:
         return split_batch(self.global_batch, moved, max_per_rank=hi)
 
     def _blocked(self, new: Sequence[int]) -> bool:
-        """Whether ``new`` goes halfway or more from a rejection's fastest plan toward its undone plan."""
+        """Whether the move to ``new`` heads toward an undone plan and ends nearer to it than to the
+        plan it lost to."""
+        def dist2(a: Sequence[int], b: Sequence[int]) -> int:
+            return sum((x - y) ** 2 for x, y in zip(a, b))
+
         for undone, base, _ in self.rejected:
-            way = [u - b for u, b in zip(undone, base)]
-            step = [x - b for x, b in zip(new, base)]
-            if sum(a * b for a, b in zip(step, way)) >= 0.5 * sum(a * a for a in way):
+            heading = sum((x - c) * (u - c) for x, c, u in zip(new, self.sizes, undone))
+            if heading > 0 and dist2(new, undone) < dist2(new, base):
                 return True
         return False
 
@@ -176,8 +182,14 @@ class Calibrator:
         self.measured = {p: t for p, t in self.measured.items() if p in (best, current)}
         if best == current or self.measured[current] <= self.measured[best] * (1.0 + _WORSE):
             return None
-        self._undos += 1
-        self.rejected.append((current, best, self._decision_count + _FORGET_AFTER * 2 ** (self._undos - 1)))
+        # a fresh measurement overrides an older verdict against the plan now found faster
+        self.rejected = [r for r in self.rejected if r[0] != best]
+        strikes = self._strikes.pop(current, 0) + 1
+        self._strikes[current] = strikes
+        self._strikes = dict(list(self._strikes.items())[-32:])
+        life = _FORGET_AFTER * 2 ** min(strikes - 1, _MAX_BACKOFF)
+        self.rejected = [r for r in self.rejected if r[0] != current]
+        self.rejected.append((current, best, self._decision_count + life))
         return best
 
     def _bounds(self) -> tuple[list[int], list[int]]:
@@ -193,7 +205,7 @@ class Calibrator:
                 "decisions": [[s, list(d)] for s, d in self.decisions],
                 "measured": [[list(p), t] for p, t in self.measured.items()],
                 "rejected": [[list(p), list(b), e] for p, b, e in self.rejected],
-                "decision_count": self._decision_count, "undos": self._undos}
+                "decision_count": self._decision_count, "strikes": [[list(p), k] for p, k in self._strikes.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         sizes = [int(b) for b in state["sizes"]]
@@ -206,7 +218,8 @@ class Calibrator:
                           float(row[2]) if len(row) > 2 else math.nan) for row in state["rows"])
         self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]
         self.measured = {tuple(int(x) for x in p): float(t) for p, t in state.get("measured", [])}
-        self.rejected = [(tuple(int(x) for x in p), tuple(int(x) for x in b), int(e))
-                         for p, b, e in state.get("rejected", [])]
+        # (entries of another shape, from an earlier format, are dropped: they only expire early)
+        self.rejected = [(tuple(int(x) for x in r[0]), tuple(int(x) for x in r[1]), int(r[2]))
+                         for r in state.get("rejected", []) if len(r) == 3]
         self._decision_count = int(state.get("decision_count", 0))
-        self._undos = int(state.get("undos", 0))
+        self._strikes = {tuple(int(x) for x in p): int(k) for p, k in state.get("strikes", [])}

@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-comm", choices=("on", "off"), default="on",
                         help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way, the "
                              "default), off = after it")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per launch")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds allowed per run (a --framework ddp launch gets this per mode it runs)")
 
 
 def _check(args: argparse.Namespace) -> tuple[list[str], list[float]] | str:
@@ -129,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
                 # launch each. Odd rounds run the trainings (and splits) in reverse order.
                 order = trainings if i % 2 == 0 else trainings[::-1]
                 if args.framework == "ddp":
-                    raw, groups = _launch(cluster, ["solo", *order], None, args, out / "trainings", console), []
+                    raw, groups = {}, [["solo", *order]]
                 else:
-                    raw, groups = _launch(cluster, ["solo"], None, args, out / "solo", console), trainings
-                jobs = [([m], None) for m in groups] + [(["split"], s) for s in splits]
+                    raw, groups = _launch(cluster, ["solo"], None, args, out / "solo", console), [[m] for m in trainings]
+                jobs = [(m, None) for m in groups] + [(["split"], s) for s in splits]
                 jobs = jobs if i % 2 == 0 else jobs[::-1]
                 for j, (modes, sizes) in enumerate(jobs):
                     got = _launch(cluster, modes, sizes, args, out / f"job{j}", console)
@@ -170,7 +171,7 @@ def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argpa
     if sizes is not None:
         cmd += ["--sizes", ",".join(map(str, sizes))]
     name = ",".join(modes) + ("" if sizes is None else f" {sizes}")
-    return run_job(cluster, cmd, modes, out, args.timeout, console, name)
+    return run_job(cluster, cmd, modes, out, args.timeout * len(modes), console, name)
 
 
 def _round(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]],

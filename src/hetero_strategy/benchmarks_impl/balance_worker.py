@@ -1,6 +1,7 @@
 """One rank of ``hetero-strategy bench balance`` (started by the emulator, torchrun-style env).
 
-Modes (each a separate launch, so every mode starts from the same state):
+Modes (each starts from a fresh model, loader and optimizer; Lightning runs one per launch, the
+bare-DDP loop several in turn in one launch, sharing its process group):
 
 * ``solo`` — this rank's speed in the same training loop run as a single process (no
   communication; all ranks run at once, each on its own quota, as in training), then the bare
@@ -59,8 +60,8 @@ def _solo(args: argparse.Namespace) -> dict:
         solo = _fit("solo", args, world=1)
     finally:
         os.environ.update(saved)
-    if not dist.is_initialized():  # kept for the launch's next modes; main() destroys it
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    # solo runs first: its group is then kept for the launch's next modes (main() destroys it)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     grad = torch.zeros(sum(p.numel() for p in resnet18_32(args.model).parameters()))  # (P,) the whole gradient
     ar = []
     for i in range(args.ar_reps + 1):

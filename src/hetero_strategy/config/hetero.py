@@ -106,7 +106,16 @@ class HeteroConfig:
     def to_dict(self) -> dict[str, Any]:
         return {name: _as_dict(getattr(self, name)) for name in _SECTIONS}
 
+    def to_record(self) -> dict[str, Any]:
+        """:meth:`to_dict` with functions (``sample_cost=lambda i: ...``) named, not stored: for
+        checkpoints and logs, which must pickle and load with ``weights_only``."""
+        return {name: {k: f"<function {getattr(v, '__qualname__', repr(v))}>" if callable(v) else v
+                       for k, v in section.items()} for name, section in self.to_dict().items()}
+
     def to_yaml(self, path: str | Path) -> None:
+        if callable(self.balance.sample_cost):
+            _fail("sample_cost", self.balance.sample_cost, "a YAML config can only name a dataset attribute, e.g. "
+                  "sample_cost: lengths")
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 

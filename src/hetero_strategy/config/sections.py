@@ -68,7 +68,8 @@ class BalanceConfig:
             _fail("loss_normalization", self.loss_normalization, "choose 'samples' or 'tokens'")
         if self.loss_normalization == "tokens" and self.sample_cost is None:
             _fail("loss_normalization", self.loss_normalization,
-                  "a mean over tokens needs each sample's token count: set sample_cost='<dataset attribute>'")
+                  "a mean over tokens needs each sample's token count: set sample_cost='<dataset attribute>' "
+                  "or sample_cost=<function of the sample index>")
         if self.profile is not None and not Path(self.profile).is_file():
             _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
 

@@ -155,6 +155,8 @@ class EmulatedCluster:
         if not self._open:
             raise EmulatorError("the cluster is not started: use `with EmulatedCluster(...) as cluster:`")
         world = list(range(self.spec.nproc)) if ranks is None else list(ranks)
+        if not world or len(set(world)) != len(world) or not all(0 <= r < self.spec.nproc for r in world):
+            raise ValueError(f"ranks={world!r} is invalid: give distinct ranks of this {self.spec.nproc}-rank cluster")
         nodes = [self.spec.node_of[r] for r in world]
         if any(a != b and b in nodes[:i] for i, (a, b) in enumerate(itertools.pairwise(nodes), 1)):
             # torchrun numbers ranks node by node (RANK = the node's base + LOCAL_RANK)

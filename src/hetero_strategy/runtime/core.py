@@ -285,7 +285,7 @@ class HeteroRuntime:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
             dist.gather_object(mine, gathered, dst=0)
-        return {"ranks": gathered, "config": self.config.to_dict()}
+        return {"ranks": gathered, "config": self.config.to_record()}
 
     def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
         """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""

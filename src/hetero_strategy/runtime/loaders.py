@@ -6,6 +6,7 @@ the loader given to ``HeteroPlugin.prepare`` before Accelerate shards it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -90,13 +91,17 @@ def sample_costs(dataset: Any, attribute: str | Callable[[int], float]) -> list[
     """One cost per sample (balance.sample_cost): ``dataset.<attribute>``, or ``attribute(i)`` for
     every index when it is a function; checked up front."""
     if callable(attribute):
-        costs = [attribute(i) for i in range(len(dataset))]
-        bad = next((i for i, c in enumerate(costs) if isinstance(c, bool) or not isinstance(c, (int, float))
-                    or not c >= 0), None)
-        if bad is not None:
-            raise ConfigError(f"sample_cost={attribute!r} is invalid: it returned {costs[bad]!r} for sample {bad}; "
-                              "it must return a non-negative number (e.g. the sample's token count)")
-        return [float(c) for c in costs]
+        costs = []
+        for i in range(len(dataset)):
+            try:
+                c = float(attribute(i))  # ints, numpy scalars, 0-d tensors
+            except Exception as e:  # the user's function: say which sample
+                raise ConfigError(f"sample_cost={attribute!r} is invalid: it raised {e!r} for sample {i}") from e
+            if not math.isfinite(c) or c < 0:
+                raise ConfigError(f"sample_cost={attribute!r} is invalid: it returned {c!r} for sample {i}; it "
+                                  "must return a finite number >= 0 (e.g. the sample's token count)")
+            costs.append(c)
+        return costs
     values = getattr(dataset, attribute, None)
     if values is None:
         raise ConfigError(f"sample_cost={attribute!r} is invalid: the training dataset "
