@@ -44,7 +44,7 @@ def balance_chart(result: dict[str, Any], path: str) -> None:
             wait.append(max(0.0, fig_m["step_s"] - c - t_ar))
     y = range(len(labels))
     ax2.barh(y, comp, color="#1f77b4", label="compute (measured)")
-    ax2.barh(y, comm, left=comp, color="#ff7f0e", label="bare all-reduce t_ar")
+    ax2.barh(y, comm, left=comp, color="#ff7f0e", label="communication (up to the dense t_ar)")
     ax2.barh(y, wait, left=[a + b for a, b in zip(comp, comm)], color="#d62728", label="waiting / overhead")
     ax2.set_yticks(list(y), labels, fontsize=8)
     ax2.invert_yaxis()

@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.measure >= args.steps or args.rounds < 1:
         console.print("[red]bench lengths: --measure must be below --steps, and --rounds at least 1")
         return 2
+    started = time.perf_counter()
     compute = parse_float_list(args.compute, "--compute")
     g = args.batch * len(compute)
     rounds, sizes, solo = [], None, None
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]bench lengths:[/red] {escape(str(e))}")  # gloo errors hold [brackets]
         return 1
     result = _summary(rounds, args, description, solo, sizes)
+    result["wall_s"] = time.perf_counter() - started
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
