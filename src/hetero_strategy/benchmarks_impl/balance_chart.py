@@ -7,9 +7,9 @@ from typing import Any
 
 __all__ = ["balance_chart"]
 
-_LABELS = {"ddp": "DDP", "hetero": "hetero (static probe)", "hetero_cal": "hetero (calibrated)",
-           "hetero_auto": "hetero (probe + calibration)", "ddp_powersgd": "DDP + PowerSGD",
-           "hetero_tiered": "hetero + tiered", "best": "best swept split"}
+_LABELS = {"ddp": "DDP", "hetero": "hetero\n(static probe)", "hetero_cal": "hetero\n(calibrated)",
+           "hetero_auto": "hetero\n(probe + calibration)", "ddp_powersgd": "DDP +\nPowerSGD",
+           "hetero_tiered": "hetero +\ntiered", "best": "best swept\nsplit"}
 
 
 def balance_chart(result: dict[str, Any], path: str) -> None:
@@ -23,7 +23,7 @@ def balance_chart(result: dict[str, Any], path: str) -> None:
     names = ["ideal"] + [_LABELS.get(m, m) for m in modes]
     values = [result["ideal_samples_per_s"]] + [result[f"{m}_samples_per_s"] for m in modes]
     if "best_split" in result:
-        names.append(f"{_LABELS['best']}\n{result['best_split']}")
+        names.append(f"{_LABELS['best']} {result['best_split']}")
         values.append(result["best_split_samples_per_s"])
     palette = ["#999999", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
     ax1.bar(names, values, color=palette[: len(values)])
