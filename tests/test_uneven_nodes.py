@@ -54,7 +54,7 @@ def test_one_plus_two_nodes_train_like_one_process(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and cgroups need root (CI runs as root)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the emulator needs root to build network namespaces and cgroups (CI runs as root)")
 def test_one_plus_two_nodes_under_the_emulator(tmp_path):
     """The same job on `hetero-strategy emulate --nodes 1,2`: node 1's two ranks share a namespace
     and a 1 Gbit link, node 0 has 10 Gbit; torchrun's per-node variables come from the emulator."""

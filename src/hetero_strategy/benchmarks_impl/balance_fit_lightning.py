@@ -12,7 +12,6 @@ from torch import nn
 from hetero_strategy.benchmarks_impl.balance_workload import (
     StepClock,
     hetero_options,
-    powersgd_state,
     resnet18_32,
     runtime_record,
     test_accuracy,
@@ -57,8 +56,6 @@ class _Clock(L.Callback):
 
 
 def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.utils.data import DataLoader
 
     from hetero_strategy import HeteroStrategy
@@ -67,7 +64,8 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
     if mode in ("solo", "ddp"):
         strategy: Any = "auto" if mode == "solo" else "ddp"
     elif mode == "ddp_powersgd":
-        strategy = DDPStrategy(ddp_comm_state=powersgd_state(), ddp_comm_hook=powersgd.powerSGD_hook)
+        # Lightning's DDPStrategy registers ddp_comm_hook on CUDA only: on CPU this would be dense DDP
+        raise ValueError("mode ddp_powersgd needs --framework ddp (Lightning registers DDP comm hooks on CUDA only)")
     else:
         strategy = HeteroStrategy(**hetero_options(mode, args, world))
     callback = _Clock()
