@@ -35,7 +35,7 @@ bench-balance: install
 		--model resnet18_l3 --framework ddp --trainings ddp,hetero --json benchmarks/results/balance_4rank.json
 	flock /tmp/hetero_cpu.lock $(BIN)/hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 \
 		--link 10gbit,10gbit,1gbit,100mbit --batch 32 --model resnet18_l3 --framework ddp \
-		--trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
+		--trainings ddp,ddp_powersgd,hetero_tiered --steps 12 --json benchmarks/results/balance_4rank_mixed.json
 	flock /tmp/hetero_cpu.lock $(BIN)/hetero-strategy bench lengths --json benchmarks/results/lengths.json
 
 bench-compression: install

@@ -75,3 +75,48 @@ def test_a_step_failing_on_one_rank_fails_the_probe_on_every_rank_without_a_hang
     assert "out of memory (simulated)" in out[1]["message"]
     assert "failed on rank(s) [1]" in out[0]["message"]
     assert [r["sum"] for r in out] == [3.0, 3.0]
+
+
+def test_the_codec_work_of_a_compressed_exchange_lands_in_the_fixed_cost(monkeypatch):
+    # A stand-in codec with a known, batch-independent cost: the two-point fit must put it in the
+    # fixed part (not the rate) and run it once per timed step.
+    import torch
+
+    from hetero_strategy.balance.probe import ProbeExchange, probe_step_cost
+    from hetero_strategy.hooks import cost
+
+    calls = []
+
+    def fake_codec_work(numel, device, backend, density):
+        calls.append((numel, backend, density))
+        return lambda: time.sleep(0.1)
+
+    monkeypatch.setattr(cost, "codec_work", fake_codec_work)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 2)
+    batches = [((torch.randn(n, 8),), n) for n in (16, 8)]
+
+    def loss(b):  # 10 ms per sample: a known rate for the fit to find beside the fixed part
+        time.sleep(0.01 * len(b[0]))
+        return net(b[0]).sum()
+
+    plain = probe_step_cost(net, loss, batches, steps=3, exchange=ProbeExchange(dense=False))
+    coded = probe_step_cost(net, loss, batches, steps=3,
+                            exchange=ProbeExchange(dense=False, codec_density=0.02, codec_backend="torch"))
+    assert calls == [(8 * 2 + 2, "torch", 0.02)]  # built once, for the gradient's size
+    assert plain.fixed_s < 0.05 and 60 < plain.samples_per_s < 150
+    assert 0.08 < coded.fixed_s < 0.3 and 60 < coded.samples_per_s < 150  # the 0.1 s codec, at the same rate
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_the_probe_times_what_each_method_exchanges():
+    from hetero_strategy.balance.probe import ProbeExchange
+    from hetero_strategy.config import CompressionConfig
+    from hetero_strategy.runtime.planner import probe_exchange
+
+    assert probe_exchange(CompressionConfig()) == ProbeExchange(dense=True)
+    assert probe_exchange(CompressionConfig(overlap_comm=False)) == ProbeExchange(dense=False)
+    for method in ("topk", "tiered"):
+        got = probe_exchange(CompressionConfig(method=method, base_density=0.01, compression_backend="torch"))
+        assert got == ProbeExchange(dense=False, codec_density=0.01, codec_backend="torch")
+    assert probe_exchange(CompressionConfig(method="fp16")) == ProbeExchange(dense=False)

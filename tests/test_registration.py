@@ -6,8 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 _CHECK = """
 import sys
 {first}
@@ -21,14 +19,33 @@ print(type(trainer.strategy).__name__)
 """
 
 
-@pytest.mark.parametrize(("first", "second", "lazy"), [
+_ORDERS = [
     ("import hetero_strategy", "import lightning", True),          # isort's order: h before l
     ("import lightning", "import hetero_strategy", False),
     ("from hetero_strategy import HeteroStrategy", "pass", False),  # the adapter itself pulls Lightning in
-])
-def test_hetero_registers_whatever_the_import_order(first, second, lazy):
-    code = _CHECK.format(first=first, second=second, lazy=lazy)
-    out = subprocess.run([sys.executable, "-W", "error::UserWarning:hetero_strategy", "-c", code],
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("HeteroStrategy")
+]
+
+
+def test_hetero_registers_whatever_the_import_order(tmp_path):
+    # NOTE: one fresh interpreter per order (an import order is only observable once), all at once:
+    # each spends most of its time importing Lightning, so together they take the time of one or two.
+    # Output goes to files: pipes read one at a time could fill and block the other interpreters.
+    logs = [tmp_path / f"order{i}.log" for i in range(len(_ORDERS))]
+    procs = []
+    try:
+        for (first, second, lazy), log in zip(_ORDERS, logs):
+            with log.open("w") as out:
+                procs.append(subprocess.Popen([sys.executable, "-W", "error::UserWarning:hetero_strategy", "-c",
+                                               _CHECK.format(first=first, second=second, lazy=lazy)],
+                                              stdout=out, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            p.wait(timeout=180)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for (first, second, _), p, log in zip(_ORDERS, procs, logs):
+        text = log.read_text()
+        assert p.returncode == 0, f"{first}; {second}:\n{text[-3000:]}"
+        assert text.strip().endswith("HeteroStrategy"), (first, second, text[-3000:])

@@ -21,9 +21,9 @@ def _train(rank: int, world: int, flat: dict, steps: int) -> dict:
     net = make_net()
     runtime = HeteroRuntime(HeteroConfig.from_flat(**flat), rank, world)
 
-    def measure(batches, with_comm):  # the probe: time the real model's forward + backward
+    def measure(batches, exchange):  # the probe: time the real model's forward + backward
         return probe_step_cost(net, lambda b: nn.functional.mse_loss(net(b[0]).squeeze(1), b[1]), batches,
-                               steps=2, with_comm=with_comm)
+                               steps=2, exchange=exchange)
 
     loader = runtime.train_loader(DataLoader(make_data(70), batch_size=8, shuffle=True), seed=0, measure=measure)
     ddp = DistributedDataParallel(net)

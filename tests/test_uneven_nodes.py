@@ -57,10 +57,12 @@ def test_one_plus_two_nodes_train_like_one_process(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the emulator needs root to build network namespaces and cgroups (CI runs as root)")
 def test_one_plus_two_nodes_under_the_emulator(tmp_path):
     """The same job on `hetero-strategy emulate --nodes 1,2`: node 1's two ranks share a namespace
-    and a 1 Gbit link, node 0 has 10 Gbit; torchrun's per-node variables come from the emulator."""
+    and a 1 Gbit link, node 0 has 10 Gbit; torchrun's per-node variables come from the emulator.
+    The job runs on bare DDP + HeteroRuntime: the launcher is under test here, the Lightning
+    adapter in the torchrun test above."""
     from hetero_strategy.emulate import EmulatedCluster
 
     with EmulatedCluster(compute=[1.0, 1.0, 1.0], nodes=[1, 2], links=["10gbit", "1gbit"], measure=False) as cluster:
-        res = cluster.run([sys.executable, str(SCRIPT), str(tmp_path)], timeout=240)
+        res = cluster.run([sys.executable, str(SCRIPT), str(tmp_path), "ddp"], timeout=240)
     assert res.ok, "\n".join(o[-3000:] for o in res.outputs)
     _check_like_one_process(tmp_path)

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
-from hetero_strategy.balance.probe import ProbeError, StepCost, probe_step_cost
+from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.loaders import train_loader_batch_size
@@ -119,8 +119,8 @@ class HeteroPlugin:
 
     def _train_loader(self, loader: DataLoader, model: Any, loss_fn: LossFn | None) -> HeteroDataLoader:
         accelerator = self.accelerator
-        measure = None if model is None else lambda batches, with_comm: self._measure(model, loss_fn, batches,
-                                                                                     with_comm)
+        measure = None if model is None else lambda batches, exchange: self._measure(model, loss_fn, batches,
+                                                                                    exchange)
         seed = self.config.balance.seed if self.config.balance.seed is not None else 0
         # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
         # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
@@ -130,7 +130,7 @@ class HeteroPlugin:
         return HeteroDataLoader(accelerator.prepare(rebuilt), self.runtime)
 
     def _measure(self, model: Any, loss_fn: LossFn | None, batches: list[tuple[Any, int]],
-                 with_comm: bool) -> StepCost | None:
+                 exchange: ProbeExchange) -> StepCost | None:
         """Probe the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
         from accelerate.utils import send_to_device
 
@@ -140,7 +140,7 @@ class HeteroPlugin:
         try:
             with self.runtime.autocast():  # timed in the dtype this rank will train in
                 return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
-                                       with_comm=with_comm)
+                                       exchange=exchange)
         except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
             if loss_fn is not None:
                 raise

@@ -10,11 +10,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ProbeError", "StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
+__all__ = ["ProbeError", "ProbeExchange", "StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
 
 
 class ProbeError(RuntimeError):
     """The probe failed on some rank; raised on every rank alike, so none is left in a collective."""
+
+
+@dataclass(frozen=True)
+class ProbeExchange:
+    """What of the gradient exchange the probe times with each step (the runtime picks it from the
+    compression config).
+
+    A dense exchange overlapped with backward competes with it on gloo, so ``dense`` runs a
+    gradient-sized all-reduce beside the timed backward. A compressing hook spends CPU (or GPU)
+    time per entry on every rank, more on a slow one: ``codec_density`` runs that work on a
+    gradient-sized buffer after each backward, inside the timed step, so the plan counts it.
+    """
+
+    dense: bool = True
+    codec_density: float | None = None
+    """Top-K density of the codec work to time (None: no codec)."""
+    codec_backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -96,16 +113,17 @@ def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]
 
 
 def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor],
-                    batches: list[tuple[Any, int]], steps: int, with_comm: bool = True) -> StepCost:
+                    batches: list[tuple[Any, int]], steps: int,
+                    exchange: ProbeExchange | bool = True) -> StepCost:
     """This rank's step cost from forward+backward of ``loss_fn(batch)`` at one or two batch sizes.
 
     ``batches`` holds (batch, samples) pairs, e.g. the loader's batch and half of it; two timings
     give the per-sample rate and the per-step fixed part (:class:`StepCost`). ``loss_fn`` runs the
     real model's forward on ``module`` (not its DDP wrapper: the probe must not start DDP's
-    exchange) and returns a scalar to backpropagate. With ``with_comm`` a gradient-sized
-    all-reduce runs beside each timed backward pass, so a rank whose communication competes with
-    its compute (CPU/gloo) is measured as DDP will run it. Every rank must call this with the same
-    sample counts and ``steps``.
+    exchange) and returns a scalar to backpropagate. ``exchange`` (:class:`ProbeExchange`; a bool
+    means ``ProbeExchange(dense=...)``) adds the exchange's work on this rank to each timed step, so
+    the plan sees the step as training will run it. Every rank must call this with the same sample
+    counts, ``steps`` and ``exchange``.
 
     The probe must not change training: RNG state, buffers (e.g. batch-norm statistics), the
     train/eval mode and gradients are restored.
@@ -116,14 +134,25 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
     was_training = module.training
     module.train()
 
+    if isinstance(exchange, bool):
+        exchange = ProbeExchange(dense=exchange)
+    params = [p for p in module.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    device = params[0].device if params else None
+    codec = None
+    if exchange.codec_density is not None and numel:
+        from hetero_strategy.hooks.cost import codec_work
+
+        codec = codec_work(numel, device, exchange.codec_backend, exchange.codec_density)
+
     def step(batch: Any, start_comm: Callable[[], None]) -> None:
         loss = loss_fn(batch)
         start_comm()  # DDP exchanges gradients during backward, not during forward
         loss.backward()
+        if codec is not None:  # the hook encodes every bucket of this step's gradient
+            codec()
 
-    params = [p for p in module.parameters() if p.requires_grad]
-    comm_numel = sum(p.numel() for p in params) if with_comm else 0
-    device = params[0].device if params else None
+    comm_numel = numel if exchange.dense else 0
     try:
         # Two warm-up rounds: the first steps at a new shape are slow (kernel selection, allocator
         # growth) and would bias the fitted fixed cost.

@@ -168,9 +168,9 @@ def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argpa
             console: Any) -> dict[str, list[dict]]:
     """One launch of the worker running ``modes`` in turn; every mode's per-rank records."""
     cmd = [sys.executable, "-m", _WORKER, "--mode", ",".join(modes), "--out", str(out), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--cal-steps", str(args.cal_steps), "--recalibrate-every",
-           str(args.recalibrate_every), "--model", args.model, "--overlap-comm", args.overlap_comm,
-           "--framework", args.framework]
+           "--steps", str(args.steps), "--measure", str(args.measure), "--cal-steps", str(args.cal_steps),
+           "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
+           "--overlap-comm", args.overlap_comm, "--framework", args.framework]
     if sizes is not None:
         cmd += ["--sizes", ",".join(map(str, sizes))]
     name = ",".join(modes) + ("" if sizes is None else f" {sizes}")

@@ -76,10 +76,10 @@ def _hetero(mode: str, args: argparse.Namespace, world: int, net: nn.Module, mod
     config = HeteroConfig.from_flat(**hetero_options(mode, args, world))
     runtime = HeteroRuntime(config, int(os.environ["RANK"]), world)
 
-    def measure(batches: list[tuple[Any, int]], with_comm: bool) -> Any:
+    def measure(batches: list[tuple[Any, int]], exchange: Any) -> Any:
         # the probe times the bare module (not DDP, whose exchange it must not start)
         return probe_step_cost(net, lambda b: nn.functional.cross_entropy(net(b[0]), b[1]), batches,
-                               config.balance.probe_steps, with_comm=with_comm)
+                               config.balance.probe_steps, exchange=exchange)
 
     loader = runtime.train_loader(DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True), seed=0,
                                   measure=measure)

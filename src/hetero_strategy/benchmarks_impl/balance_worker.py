@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODELS, default="resnet18")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--cal-steps", type=int, default=60, help="steps of hetero_cal / hetero_auto")
+    p.add_argument("--measure", type=int, default=10, help="the driver's measured window (hetero_tiered's warm-up)")
     p.add_argument("--solo-steps", type=int, default=12)
     p.add_argument("--ar-reps", type=int, default=5)
     p.add_argument("--cold-start", type=int, default=5)

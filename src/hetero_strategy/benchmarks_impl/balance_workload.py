@@ -54,7 +54,12 @@ def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str,
     """The flat options of a hetero mode: ``HeteroStrategy(**o)`` or ``HeteroConfig.from_flat(**o)``."""
     opts: dict[str, Any] = {"overlap_comm": args.overlap_comm == "on"}
     if mode == "hetero_tiered":
-        opts["compression"] = "tiered"
+        # The measured window (the last --measure steps) holds compressed steps only: the dense
+        # warm-up ends where it starts (at least 2 steps, as PowerSGD's start_powerSGD_iter), and
+        # the density decays over twice the window, so the window sees the first half of the cosine
+        # (at --steps 20 --measure 10 these are the defaults: warm-up 10, period 20 = max_steps).
+        opts.update(compression="tiered", dense_warmup_steps=max(2, args.steps - args.measure),
+                    density_period=2 * args.measure)
     elif mode == "split":
         opts["batch_sizes"] = [int(b) for b in args.sizes.split(",")]
     elif mode in ("hetero_cal", "hetero_auto"):

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
 from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
 
-__all__ = ["CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
+__all__ = ["CompressionCost", "codec_work", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
 
@@ -56,31 +57,46 @@ class CompressionCost:
                 f"per entry (dense costs {4e9 / self.link_bytes_per_s:.3g} ns per entry)")
 
 
-def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", density: float = 0.05,
-                                    repeats: int = 3) -> float:
-    """This rank's cost per entry of the hook's compressing work on a synthetic bucket (best of
-    ``repeats``): error-feedback add, non-finite marker, per-parameter selection at ``density``,
-    the residual write."""
+def codec_work(numel: int, device: torch.device, backend: str = "auto", density: float = 0.05
+               ) -> Callable[[], None]:
+    """One step of the compressing hook's own work on a synthetic bucket of ``numel`` entries, as a
+    callable: error-feedback add, non-finite marker, per-parameter selection at ``density``, the
+    residual write. Buffers are made once, so each call costs what a bucket of that size costs.
+
+    The probe times it beside the training step: a rank's codec time is part of its step cost
+    (a rank held to a quarter of a core pays four times what a full core pays).
+    """
     gen = torch.Generator().manual_seed(0)
-    grad = torch.randn(_PROBE_NUMEL, generator=gen).to(device)
-    residual = torch.zeros(_PROBE_NUMEL, device=device)
-    sizes = [_PROBE_NUMEL // 4] * 4  # a few parameters, as in a real bucket
-    offsets = [i * sizes[0] for i in range(4)]
+    grad = torch.randn(numel, generator=gen).to(device)
+    residual = torch.zeros(numel, device=device)
+    parts = max(1, min(4, numel))  # a few parameters, as in a real bucket
+    sizes = [numel // parts] * (parts - 1) + [numel - (numel // parts) * (parts - 1)]
+    offsets = [sum(sizes[:i]) for i in range(parts)]
     ks = [max(1, int(n * density)) for n in sizes]
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first call warms caches and allocations up
-        buf = grad.clone()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        acc = ef_accumulate_(buf, residual, 1.0, backend)
+
+    def run() -> None:
+        acc = ef_accumulate_(grad.clone(), residual, 1.0, backend)
         marker = nonfinite_marker(acc)
         TopKCodec.select_segments_(acc, offsets, sizes, ks, ks, backend)
         torch.where(torch.isnan(marker), residual, acc, out=residual)
+        residual.zero_()  # the next call starts from the same residual
+
+    return run
+
+
+def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", density: float = 0.05,
+                                    repeats: int = 3) -> float:
+    """This rank's cost per entry of :func:`codec_work` on a 2^20-entry bucket (best of ``repeats``)."""
+    work = codec_work(_PROBE_NUMEL, device, backend, density)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms caches and allocations up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        work()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)
-        residual.zero_()
     return best / _PROBE_NUMEL
 
 

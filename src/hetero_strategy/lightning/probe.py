@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_strategy.balance.probe import StepCost, probe_step_cost
+from hetero_strategy.balance.probe import ProbeExchange, StepCost, probe_step_cost
 
 __all__ = ["probe_lightning_module"]
 
 
-def probe_lightning_module(module: Any, batches: list[tuple[Any, int]], steps: int, with_comm: bool = True
-                           ) -> StepCost | None:
+def probe_lightning_module(module: Any, batches: list[tuple[Any, int]], steps: int,
+                           exchange: ProbeExchange | bool = True) -> StepCost | None:
     """:func:`probe_step_cost` of ``module.training_step``; None under manual optimization.
 
     ``self.log`` calls inside training_step are ignored while probing (the rest of the probe's
@@ -26,6 +26,6 @@ def probe_lightning_module(module: Any, batches: list[tuple[Any, int]], steps: i
     module.log = lambda *a, **k: None
     module.log_dict = lambda *a, **k: None
     try:
-        return probe_step_cost(module, loss_fn, batches, steps, with_comm=with_comm)
+        return probe_step_cost(module, loss_fn, batches, steps, exchange=exchange)
     finally:
         del module.log, module.log_dict  # drop the instance attributes; the class methods return

@@ -36,7 +36,7 @@ from typing_extensions import override
 
 from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.online import OnlineBalancer
-from hetero_strategy.balance.probe import StepCost
+from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
@@ -235,12 +235,12 @@ class HeteroStrategy(DDPStrategy):
             return distributed_eval_loader(dataloader, self.world_size, self.global_rank, trainer.state.stage)
         return dataloader
 
-    def _measure(self, batches: list[tuple[Any, int]], with_comm: bool) -> StepCost | None:
+    def _measure(self, batches: list[tuple[Any, int]], exchange: ProbeExchange) -> StepCost | None:
         """The probe of the real model's training_step, batches moved to this rank's device."""
         on_device = [(self.batch_to_device(b, dataloader_idx=0), n) for b, n in batches]
         with self.runtime.autocast():  # timed in the dtype this rank will train in
             return probe_lightning_module(self.lightning_module, on_device, self.hetero_config.balance.probe_steps,
-                                          with_comm=with_comm)
+                                          exchange=exchange)
 
     # ---- per step ------------------------------------------------------------------------
     @override

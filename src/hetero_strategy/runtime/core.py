@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.online import OnlineBalancer
-from hetero_strategy.balance.probe import StepCost
+from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.precision import RankPrecision
@@ -40,15 +40,15 @@ from hetero_strategy.runtime.loaders import (
     probe_batch,
     train_loader_batch_size,
 )
-from hetero_strategy.runtime.planner import plan_batch_sizes
+from hetero_strategy.runtime.planner import plan_batch_sizes, probe_exchange
 from hetero_strategy.runtime.timer import StepTimer
 
 __all__ = ["HeteroRuntime"]
 
 log = logging.getLogger("hetero_strategy")
 
-# measure(batches, with_comm) -> this rank's StepCost, or None when the model cannot be probed.
-Measure = Callable[[list[tuple[Any, int]], bool], "StepCost | None"]
+# measure(batches, exchange) -> this rank's StepCost, or None when the model cannot be probed.
+Measure = Callable[[list[tuple[Any, int]], ProbeExchange], "StepCost | None"]
 
 
 class HeteroRuntime:
@@ -154,10 +154,7 @@ class HeteroRuntime:
         # a single size when they coincide, so no size is timed twice.
         size = len(loader.dataset)
         counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
-        # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
-        # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
-        comp = self.config.compression
-        return measure([(probe_batch(loader, n), n) for n in counts], comp.method == "none" and comp.overlap_comm)
+        return measure([(probe_batch(loader, n), n) for n in counts], probe_exchange(self.config.compression))
 
     # ---- per step ------------------------------------------------------------------------
     def batch_start(self, step_in_epoch: int | None = None) -> None:

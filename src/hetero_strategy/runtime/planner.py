@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 
 from hetero_strategy.balance import capacity, split_batch, split_batch_timed
-from hetero_strategy.balance.probe import StepCost, all_gather_floats
-from hetero_strategy.config import BalanceConfig, ConfigError
+from hetero_strategy.balance.probe import ProbeExchange, StepCost, all_gather_floats
+from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError
 
-__all__ = ["gather_step_costs", "plan_batch_sizes", "profile_bandwidth"]
+__all__ = ["gather_step_costs", "plan_batch_sizes", "probe_exchange", "profile_bandwidth"]
 
 log = logging.getLogger("hetero_strategy")
 
@@ -53,6 +53,17 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
         return split_batch(global_batch, caps, cfg.max_batch_sizes)
     return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs],
                              cfg.max_batch_sizes)
+
+
+def probe_exchange(cfg: CompressionConfig) -> ProbeExchange:
+    """What of the gradient exchange the probe times with each step, from the compression config."""
+    if cfg.method in ("topk", "tiered"):
+        # Top-K's encode runs on every rank at every step and is per-entry work, not per-sample: a
+        # slow rank pays it slower, so the plan must count it (its payload is too small to compete).
+        return ProbeExchange(dense=False, codec_density=cfg.base_density, codec_backend=cfg.compression_backend)
+    # A dense exchange overlapped with backward competes with it on gloo: probe beside one.
+    # Deferred (after backward) or compressed (small) exchanges leave the compute alone.
+    return ProbeExchange(dense=cfg.method == "none" and cfg.overlap_comm)
 
 
 def gather_step_costs(cost: StepCost | None, world_size: int, info: Say = log.info,
