@@ -25,8 +25,11 @@ def make_net(features: int = 5, seed: int = 0) -> nn.Module:
 def one_process_sgd(
     data: TensorDataset, global_batch: int, steps: int, *, lr: float = 0.1, shuffle: bool = False, seed: int = 0,
     accumulate: int = 1, clip: float | None = None, step_lr: tuple[int, float] | None = None,
+    skip: frozenset[int] = frozenset(),
 ) -> nn.Module:
     """The oracle: plain PyTorch, one process, batch G, the order a single DataLoader would use.
+
+    ``skip``: optimizer steps whose batches are consumed but not applied (a dropped NaN step).
 
     ``step_lr`` (step_size, gamma) adds a StepLR stepped once per optimizer step; the learning
     rate after each step is kept in the returned module's ``lrs``.
@@ -51,7 +54,8 @@ def one_process_sgd(
             loss.backward()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
-        opt.step()
+        if s not in skip:
+            opt.step()
         if sched is not None:
             sched.step()
         net.lrs.append(opt.param_groups[0]["lr"])

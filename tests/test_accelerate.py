@@ -96,8 +96,16 @@ def test_metrics_reach_accelerate_trackers(exact):
     assert row["hetero/batch_size_r0"] == 3 and row["hetero/batch_size_r1"] == 13
     for key in ("hetero/step_s_r1", "hetero/samples_per_s_r0", "hetero/compute_s_r1", "hetero/balance"):
         assert key in row and row[key] >= 0
-    # one row per optimizer step of the 3 scenarios (log_every_n_steps=1)
-    assert len(logged) == 5 + 6 + 12
+    # one row per optimizer step of the 4 scenarios (log_every_n_steps=1; a dropped step still ends)
+    assert len(logged) == 5 + 6 + 12 + 5
+
+
+def test_a_nan_on_one_rank_drops_that_step_on_every_rank(exact):
+    # Accelerate alone would apply the NaN gradient on every rank; hetero drops step 2 everywhere, as a
+    # one-process run that skips it (nonfinite="skip", the default)
+    assert [r["nan_skipped"]["skipped"] for r in exact] == [1, 1]
+    oracle = one_process_sgd(make_data(70), 16, 5, shuffle=True, skip=frozenset({2}))
+    _assert_weights(exact, "nan_skipped", oracle)
 
 
 def test_mixed_precision_bf16(tmp_path):

@@ -35,6 +35,7 @@ from hetero_strategy.accelerate.checks import check_accelerator, check_precision
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
 from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
+from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.loaders import train_loader_batch_size
 
@@ -106,6 +107,7 @@ class HeteroPlugin:
                 self.runtime.register_hook(ddp, max_steps=max_steps)
             except RuntimeError as e:
                 raise (second_hook_error(e) or e) from e
+            ddp.forward = _in_phase(self.runtime, "forward", ddp.forward)  # its buffer sync is a collective
         elif accelerator.num_processes > 1:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
@@ -158,7 +160,7 @@ class HeteroPlugin:
             # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
             # step, after accumulation, and never on a step GradScaler skipped.
             optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
-        if self.runtime.precision is not None:
+        if self._gates():
             for accelerated in optimizers:  # every optimizer skips alike when any rank overflowed
                 self._gate_step(accelerated, counts=accelerated is optimizers[0])
         for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
@@ -174,8 +176,7 @@ class HeteroPlugin:
             if counts:  # the first optimizer owns the scale update and the step count
                 stepped = self.runtime.optimizer_step(inner, lambda: real(*args, **kwargs))
             else:  # the others follow the same reduced-gradient check, without moving the scale
-                stepped = not self.runtime.precision.scaler.found_inf(
-                    [p for g in inner.param_groups for p in g["params"]])
+                stepped = not CoordinatedScaler.found_inf([p for g in inner.param_groups for p in g["params"]])
                 if stepped:
                     real(*args, **kwargs)
             accelerated._is_overflow = not stepped  # AcceleratedScheduler then holds the schedule too
@@ -195,9 +196,15 @@ class HeteroPlugin:
         After the micro-batch that syncs, the overflow decision is taken from the reduced gradient
         right away, so clipping by value before ``optimizer.step()`` cannot hide an inf.
         """
-        self.accelerator.backward(self.runtime.scale_loss(loss), **kwargs)
-        if self.runtime.precision is not None and self.accelerator.sync_gradients:
+        with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward
+            self.accelerator.backward(self.runtime.scale_loss(loss), **kwargs)
+        if self._gates() and self.accelerator.sync_gradients:
             self.runtime.check_overflow(p for group in self._param_groups() for p in group["params"])
+
+    def _gates(self) -> bool:
+        """Whether hetero decides if a step goes ahead: not when Accelerate's GradScaler (its fp16
+        mixed precision) does, since clearing an overflowed gradient would hide it from the scaler."""
+        return self.runtime.precision is not None or getattr(self.accelerator, "scaler", None) is None
 
     def _param_groups(self) -> list[dict]:
         return [g for opt in self._optimizers for g in opt.param_groups]
@@ -208,7 +215,8 @@ class HeteroPlugin:
         # log_with is the same on every rank (trackers live on the main process only), so every
         # rank joins the metrics' all-gather at the same steps.
         if self.accelerator.log_with and self.runtime.metrics_due(step, self.log_every_n_steps):
-            self.last_metrics = self.runtime.metrics()
+            with self.runtime.phase("metrics"):
+                self.last_metrics = self.runtime.metrics()
             self.accelerator.log(self.last_metrics, step=step)
 
     def metrics(self) -> dict[str, float]:
@@ -244,10 +252,21 @@ class _Checkpoint:
         self.runtime = runtime
 
     def state_dict(self) -> dict[str, Any]:
-        return self.runtime.gathered_state_dict()
+        with self.runtime.phase("checkpoint"):
+            return self.runtime.gathered_state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.runtime.load_gathered_state_dict(state)
+
+
+def _in_phase(runtime: HeteroRuntime, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` inside ``runtime.phase(where)``: a collective failing in it raises StallError."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with runtime.phase(where):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def _as_list(out: Any) -> list[Any]:

@@ -15,12 +15,14 @@ from hetero_strategy.config.compression import COMPRESSION_METHODS, TIERS, Compr
 from hetero_strategy.config.errors import CONFIG_ENV, ConfigError
 from hetero_strategy.config.hetero import HeteroConfig, field_owners
 from hetero_strategy.config.precision import DTYPE_NAMES, PrecisionConfig
+from hetero_strategy.config.reliability import NONFINITE_ACTIONS, ReliabilityConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
 
 __all__ = [
     "COMPRESSION_METHODS",
     "CONFIG_ENV",
     "DTYPE_NAMES",
+    "NONFINITE_ACTIONS",
     "TIERS",
     "BalanceConfig",
     "CalibrationConfig",
@@ -28,5 +30,6 @@ __all__ = [
     "ConfigError",
     "HeteroConfig",
     "PrecisionConfig",
+    "ReliabilityConfig",
     "field_owners",
 ]

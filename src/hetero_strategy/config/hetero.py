@@ -12,6 +12,7 @@ import yaml
 from hetero_strategy.config.compression import CompressionConfig
 from hetero_strategy.config.errors import _fail
 from hetero_strategy.config.precision import PrecisionConfig
+from hetero_strategy.config.reliability import ReliabilityConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
 
 __all__ = ["HeteroConfig", "field_owners"]
@@ -22,6 +23,7 @@ _SECTIONS: dict[str, tuple[type, str | None]] = {
     "calibration": (CalibrationConfig, "calibrate"),
     "compression": (CompressionConfig, "method"),
     "precision": (PrecisionConfig, None),
+    "reliability": (ReliabilityConfig, None),
 }
 
 
@@ -33,6 +35,7 @@ class HeteroConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
     def __post_init__(self) -> None:
         for name, (cls, _) in _SECTIONS.items():

@@ -7,7 +7,8 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     _register_ddp_hooks   -> register our comm hook on every device (Lightning does it on CUDA only)
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
-    optimizer_step        -> per-rank timings, metrics
+    training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
+    optimizer_step        -> the non-finite rule, per-rank timings, metrics
     save/load_checkpoint  -> every rank's sampler and hook state (Lightning saves rank 0 only)
 
 Example::
@@ -40,6 +41,7 @@ from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
+from hetero_strategy.lightning.options import check_ddp_kwargs, dropping_nonfinite, max_steps_of
 from hetero_strategy.lightning.probe import probe_lightning_module
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
@@ -107,7 +109,7 @@ class HeteroStrategy(DDPStrategy):
         if compression is not None:
             flat["compression"] = compression
         self.hetero_config = HeteroConfig.resolve(config, flat)
-        _check_ddp_kwargs(kwargs)
+        check_ddp_kwargs(kwargs)
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -214,7 +216,7 @@ class HeteroStrategy(DDPStrategy):
         # NOTE: DDPStrategy registers comm hooks only on CUDA; on CPU/gloo that would silently fall
         # back to DDP's divide-by-world-size, which is wrong for unequal batches.
         assert isinstance(self.model, DistributedDataParallel)
-        self.runtime.register_hook(self.model, max_steps=_max_steps(self._trainer()))
+        self.runtime.register_hook(self.model, max_steps=max_steps_of(self._trainer()))
 
     def _trainer(self) -> Any:
         return self.lightning_module.trainer if self.lightning_module is not None else None
@@ -254,15 +256,35 @@ class HeteroStrategy(DDPStrategy):
         self.runtime.backward_end()
 
     @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.runtime.phase("forward"):  # DDP's forward may sync buffers: a collective
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
+            closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
         # Lightning's logging cadence: the same step on every rank, so all join the all-gather.
         if (trainer is not None and self.sampler is not None and trainer.logger is not None
                 and self.runtime.metrics_due(trainer.global_step, trainer.log_every_n_steps)):
-            self.lightning_module.log_dict(self.runtime.metrics(), on_step=True, on_epoch=False, sync_dist=False)
+            with self.runtime.phase("metrics"):
+                metrics = self.runtime.metrics()
+            self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
         return out
+
+    @override
+    def teardown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+        super().teardown()
 
     # ---- checkpoints ---------------------------------------------------------------------
     def hetero_state_dict(self) -> dict:
@@ -273,7 +295,8 @@ class HeteroStrategy(DDPStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         # NOTE: Lightning writes rank 0's checkpoint only; per-rank state (error-feedback
         # residuals) would be lost, so every rank's state is gathered into it first.
-        checkpoint[_CKPT_KEY] = self.runtime.gathered_state_dict()
+        with self.runtime.phase("checkpoint"):
+            checkpoint[_CKPT_KEY] = self.runtime.gathered_state_dict()
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     @override
@@ -283,26 +306,3 @@ class HeteroStrategy(DDPStrategy):
         if saved is not None:
             self.runtime.load_gathered_state_dict(saved)
         return checkpoint
-
-
-def _max_steps(trainer: Any) -> int | Any | None:
-    """trainer.max_steps when set; else Lightning's estimate, read lazily (it needs the data)."""
-    steps = getattr(trainer, "max_steps", None)
-    if isinstance(steps, int) and steps > 0:
-        return steps
-    if trainer is not None and hasattr(trainer, "estimated_stepping_batches"):
-        return lambda: trainer.estimated_stepping_batches
-    return None
-
-
-def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
-    """Refuse keywords neither hetero nor DDP knows, here rather than deep inside DDP's constructor."""
-    import inspect
-
-    known = set(inspect.signature(DistributedDataParallel.__init__).parameters) | set(
-        inspect.signature(DDPStrategy.__init__).parameters
-    )
-    for key, value in kwargs.items():
-        if key not in known or key in ("self", "module", "kwargs"):
-            raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroStrategy takes the fields of "
-                              "HeteroConfig plus DDPStrategy/DistributedDataParallel keywords")

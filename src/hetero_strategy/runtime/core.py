@@ -34,6 +34,7 @@ from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.precision import RankPrecision
+from hetero_strategy.runtime.gate import StepGate
 from hetero_strategy.runtime.loaders import (
     check_sample_cost,
     hetero_train_loader,
@@ -41,6 +42,8 @@ from hetero_strategy.runtime.loaders import (
     train_loader_batch_size,
 )
 from hetero_strategy.runtime.planner import plan_batch_sizes, probe_exchange
+from hetero_strategy.runtime.stall import StallWatch, bound_collectives, hook_groups
+from hetero_strategy.runtime.state import RuntimeState
 from hetero_strategy.runtime.timer import StepTimer
 
 __all__ = ["HeteroRuntime"]
@@ -51,7 +54,7 @@ log = logging.getLogger("hetero_strategy")
 Measure = Callable[[list[tuple[Any, int]], ProbeExchange], "StepCost | None"]
 
 
-class HeteroRuntime:
+class HeteroRuntime(RuntimeState):
     """Plan, sampler, hook state, calibrator, timer and checkpoint state of one rank.
 
     Args:
@@ -75,9 +78,8 @@ class HeteroRuntime:
         self.sampler: HeteroBatchSampler | None = None
         self.balancer: OnlineBalancer | None = None
         self.timer = StepTimer()
-        self.precision: RankPrecision | None = None
-        self._loss_scaled = False
-        self._found_inf: bool | None = None
+        self.gate = StepGate(config.reliability, rank, self.info_warning)
+        self.watch: StallWatch | None = None
         self.local_batch = 0
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self._batch_open = False
@@ -86,6 +88,15 @@ class HeteroRuntime:
     def info(self, message: str) -> None:
         if self.rank == 0:
             self._info(message)
+
+    def info_warning(self, message: str) -> None:
+        """A warning every rank would give alike: said once, by rank 0."""
+        if self.rank == 0:
+            self.warn(message)
+
+    @property
+    def precision(self) -> RankPrecision | None:
+        return self.gate.precision
 
     # ---- setup ---------------------------------------------------------------------------
     def register_hook(self, ddp_model: Any, max_steps: int | Callable[[], Any] | None = None,
@@ -97,13 +108,30 @@ class HeteroRuntime:
         """
         self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
         self._restore_pending()
-        ddp_model.register_comm_hook(self.hook_state, hook)
+        ddp_model.register_comm_hook(self.hook_state, self.gate.guard.wrap_hook(hook))
+        # From here on no collective waits longer than stall_timeout_s, and a failed one is explained
+        timeout = self.config.reliability.stall_timeout_s
+        bound_collectives(timeout, hook_groups(self.hook_state))
+        if self.watch is None and self.world_size > 1:
+            self.watch = StallWatch(self.rank, self.world_size, timeout)
+
+    def phase(self, where: str) -> contextlib.AbstractContextManager:
+        """``with runtime.phase("exchange"): loss.backward()``: a collective failing inside (a silent
+        or dead peer) raises :class:`StallError` naming the peer, ``where`` and the step."""
+        return contextlib.nullcontext() if self.watch is None else self.watch.phase(where, self.steps)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (the end of fit; a daemon thread otherwise ends with the process)."""
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
 
     def setup_precision(self, device: Any, model: Any = None, device_info: Any = None) -> RankPrecision | None:
         """This rank's dtype under ``precision_policy`` (None: the framework's own precision)."""
         if self.config.precision.precision_policy is None:
             return None
-        self.precision = RankPrecision.build(self.config.precision, self.rank, self.world_size, device, device_info)
+        self.gate.precision = RankPrecision.build(self.config.precision, self.rank, self.world_size, device,
+                                                  device_info)
         if model is not None:
             self.precision.keep_fp32(model)
         self._restore_pending()
@@ -164,6 +192,7 @@ class HeteroRuntime:
         ahead); ``step_in_epoch`` is the fallback when the sampler has none queued.
         """
         self._close_batch()
+        self.gate.guard.new_step()
         if self.sampler is not None:
             plan = self.sampler.next_plan()
             if plan is None and step_in_epoch is not None:
@@ -206,21 +235,19 @@ class HeteroRuntime:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """This rank's autocast (nothing without a precision policy)."""
-        return contextlib.nullcontext() if self.precision is None else self.precision.autocast()
+        return self.gate.autocast()
 
     def scale_loss(self, loss: Any) -> Any:
         """The loss to call backward on: scaled on fp16 ranks, as is elsewhere."""
-        self._loss_scaled = True
-        if self.precision is None:
-            return loss
-        if self.hook_state is not None:  # this backward's contribution is unscaled in the hook
-            self.hook_state.set_loss_scale(self.precision.scaler.scale)
-        return self.precision.scaler.scale_loss(loss)
+        return self.gate.scale_loss(loss, self.hook_state)
 
     def check_overflow(self, params: Any) -> bool:
         """Decide now, from the reduced gradient, whether this step is skipped (before any clipping)."""
-        self._found_inf = self.precision is not None and self.precision.scaler.found_inf(list(params))
-        return self._found_inf
+        return self.gate.check(params)
+
+    def drop_nonfinite(self, params: Any) -> bool:
+        """Without a loss scaler: clear a non-finite step's gradients (True), or stop (``nonfinite``)."""
+        return self.gate.drop_nonfinite(list(params), self.steps)
 
     def optimizer_step(self, optimizer: Any, step_fn: Callable[[], Any] | None = None,
                        before_step: Callable[[], Any] | None = None) -> bool:
@@ -228,18 +255,7 @@ class HeteroRuntime:
 
         ``before_step`` (gradient clipping, the framework's pre-step hook) runs only if it steps.
         """
-        if self.precision is None:
-            if before_step is not None:
-                before_step()
-            (step_fn or optimizer.step)()
-            return True
-        if not self._loss_scaled:
-            # NOTE: raised on every rank alike (all run the same code), so no rank is left waiting
-            raise RuntimeError("hetero: with precision_policy the loss must go through runtime.scale_loss(loss) "
-                               "before backward (Accelerate: plugin.backward(loss)): fp16 ranks scale it there "
-                               "and the comm hook unscales their gradients")
-        self._loss_scaled, found, self._found_inf = False, self._found_inf, None
-        return self.precision.scaler.step(optimizer, step_fn, before_step, found_inf=found)
+        return self.gate.step(optimizer, self.steps, step_fn, before_step)
 
     @staticmethod
     def metrics_due(step: int, every: int) -> bool:
@@ -257,42 +273,6 @@ class HeteroRuntime:
         """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""
         sizes = self.sampler.batch_sizes if self.sampler is not None else [self.local_batch] * self.world_size
         return self.timer.summary(sizes)
-
-    # ---- checkpoints ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's state: sampler schedule, hook state (e.g. residuals), calibrator."""
-        state = {key: part.state_dict() for key, part in self._parts().items() if part is not None}
-        # Parts not built yet keep what a checkpoint gave them, so a save right after a load loses nothing.
-        return {**{k: v for k, v in self._pending.items() if k not in state}, **state, "steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore this rank's state; parts built later (hook, sampler) take theirs when built."""
-        self._pending = {k: state[k] for k in self._parts() if k in state}
-        self.steps = int(state.get("steps", self.steps))
-        self._restore_pending()
-
-    def gathered_state_dict(self) -> dict[str, Any]:
-        """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
-
-        Other ranks get ``ranks: None`` (their copy is not written); gathering to rank 0 only keeps
-        W copies of every rank's residuals off the other ranks.
-        """
-        mine = self.state_dict()
-        gathered: list[Any] | None = [mine]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-            dist.gather_object(mine, gathered, dst=0)
-        return {"ranks": gathered, "config": self.config.to_record()}
-
-    def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
-        """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""
-        ranks = saved["ranks"]
-        if len(ranks) != self.world_size:
-            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
-                      f"{self.world_size}; batch plan and residuals start fresh")
-            return False
-        self.load_state_dict(dict(ranks[self.rank]))
-        return True
 
     def _parts(self) -> dict[str, Any]:
         """The checkpointed parts by key (None until built)."""

@@ -1,0 +1,153 @@
+"""A silent peer becomes a clear error within a bound (DESIGN.md semantics 11).
+
+Two parts:
+
+* **The bound.** Once the comm hook is registered, the default process group and the hook's own
+  groups wait at most ``stall_timeout_s`` in any collective (:func:`bound_collectives`), whatever
+  timeout the framework created them with (30 minutes in Lightning and Accelerate). The
+  rendezvous and DDP's set-up keep the framework's timeout: ranks may start minutes apart.
+* **The diagnosis.** Each rank beats a counter in the rendezvous store from a thread of its own
+  (:class:`StallWatch`). The thread of a frozen process is frozen too, so when a collective fails
+  the survivors read which counters stopped: that names the silent rank. The error also names the
+  phase (forward, exchange, metrics, checkpoint) and the step.
+
+The heartbeat uses a client connection of its own to ``MASTER_ADDR:MASTER_PORT`` with a short
+timeout, so a frozen store host (rank 0 under a one-node launch) cannot hang the diagnosis.
+
+Example::
+
+    bound_collectives(60.0)                      # every collective from here on: at most 60 s
+    watch = StallWatch(rank, world, timeout_s=60.0)
+    with watch.phase("exchange", step):          # a collective failing inside raises StallError
+        loss.backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["StallError", "StallWatch", "bound_collectives", "hook_groups", "is_peer_failure"]
+
+log = logging.getLogger("hetero_strategy")
+
+# What a collective says when a peer is silent or gone (gloo, NCCL and the store word it so).
+_PEER_FAILURE = ("timed out", "timing out", "connection closed", "connection reset", "broken pipe",
+                 "connection refused", "socket closed", "watchdog")
+
+
+class StallError(RuntimeError):
+    """A peer stayed silent beyond ``stall_timeout_s`` (or vanished); raised on every surviving rank."""
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because of a peer (not a bug in this rank's code)."""
+    if isinstance(error, StallError) or not isinstance(error, RuntimeError):  # DistError is a RuntimeError
+        return False
+    text = str(error).lower()
+    return isinstance(error, getattr(dist, "DistError", ())) or any(s in text for s in _PEER_FAILURE)
+
+
+def bound_collectives(timeout_s: float, groups: Iterable[dist.ProcessGroup | None] = ()) -> None:
+    """Make the default group and ``groups`` wait at most ``timeout_s`` in any later collective."""
+    if not dist.is_initialized():
+        return
+    bound = datetime.timedelta(seconds=timeout_s)
+    for group in {id(g): g for g in (dist.group.WORLD, *groups) if g is not None}.values():
+        group.set_timeout(bound)
+
+
+def hook_groups(state: Any) -> list[dist.ProcessGroup]:
+    """The process groups a comm hook's state exchanges over (its own, its leaders', its node's)."""
+    hier = getattr(state, "hier", None)
+    found = [getattr(state, "process_group", None), getattr(state, "exchange_group", None),
+             getattr(hier, "intra", None), getattr(hier, "cross", None)]
+    return [g for g in found if isinstance(g, dist.ProcessGroup)]
+
+
+class StallWatch:
+    """This rank's heartbeat, its current phase and step, and the error a failed collective becomes."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float, *, period_s: float | None = None) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.period_s = period_s if period_s is not None else min(1.0, timeout_s / 4)
+        self.where, self.step = "setup", 0
+        self._stop = threading.Event()
+        self._store = _client_store(min(5.0, timeout_s))
+        # NOTE: keys carry the elastic restart count: an agent's store outlives the workers it restarts
+        self._prefix = f"hetero/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._thread: threading.Thread | None = None
+        if self._store is not None and world_size > 1:
+            self._thread = threading.Thread(target=self._beat, name="hetero-heartbeat", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.period_s + 5)
+
+    @contextlib.contextmanager
+    def phase(self, where: str, step: int | None = None) -> Iterator[None]:
+        """Run the block as ``where`` of ``step``; a collective failing in it raises :class:`StallError`."""
+        self.where, self.step = where, self.step if step is None else step
+        try:
+            yield
+        except Exception as e:
+            if not is_peer_failure(e):
+                raise
+            raise self.error(e) from e
+
+    def error(self, cause: BaseException) -> StallError:
+        """The :class:`StallError` for ``cause``, with the silent rank(s) when the heartbeats tell."""
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        gone = any(s in text.lower() for s in ("connection closed", "connection reset", "broken pipe", "refused"))
+        what = "lost its connection to" if gone else f"waited more than stall_timeout_s={self.timeout_s:g} s for"
+        return StallError(f"hetero: rank {self.rank} {what} {self._who()} during the {self.where} of step "
+                          f"{self.step} ({text[:300]}). A frozen or dead peer stops every rank; if that peer is "
+                          "only slow here (a long evaluation or checkpoint on one rank), raise stall_timeout_s")
+
+    # ---- the heartbeat -------------------------------------------------------------------
+    def _beat(self) -> None:
+        key = f"{self._prefix}{self.rank}"
+        while not self._stop.wait(self.period_s):
+            with contextlib.suppress(Exception):  # a silent store is diagnosed by the readers
+                self._store.add(key, 1)
+
+    def _counts(self) -> list[int]:
+        return [self._store.add(f"{self._prefix}{r}", 0) for r in range(self.world_size)]
+
+    def _who(self) -> str:
+        if self._store is None or self.world_size < 2:
+            return "a peer" if self.world_size != 2 else f"rank {1 - self.rank}"
+        try:
+            first = self._counts()
+            time.sleep(3 * self.period_s)  # every live rank beats at least twice meanwhile
+            second = self._counts()
+        except Exception:  # noqa: BLE001 - the store itself is silent: say so
+            host = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            return (f"a peer (the rendezvous store at {host} does not answer either: its host, rank 0 under a "
+                    "one-node launch, is likely the silent one)")
+        silent = [r for r in range(self.world_size) if r != self.rank and second[r] == first[r]]
+        if not silent:
+            return "a peer (every heartbeat still moves: the peer is alive but stuck in its own code)"
+        return ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
+
+
+def _client_store(timeout_s: float) -> Any:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    try:
+        return dist.TCPStore(addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except Exception as e:  # noqa: BLE001 - no heartbeat: errors still come, without the rank's name
+        log.warning("hetero: no heartbeat (the store at %s:%s refused a connection: %s)", addr, port, e)
+        return None

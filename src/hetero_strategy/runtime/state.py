@@ -1,0 +1,51 @@
+"""The checkpointable side of :class:`~hetero_strategy.runtime.HeteroRuntime`: per-rank state in
+and out, and the gathered form a framework's rank-0 checkpoint file carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["RuntimeState"]
+
+
+class RuntimeState:
+    """Mixin of HeteroRuntime: needs ``_parts()``, ``_restore_pending()``, ``_pending``, ``steps``,
+    ``config``, ``world_size``, ``rank`` and ``warn``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: sampler schedule, hook state (e.g. residuals), calibrator."""
+        state = {key: part.state_dict() for key, part in self._parts().items() if part is not None}
+        # Parts not built yet keep what a checkpoint gave them, so a save right after a load loses nothing.
+        return {**{k: v for k, v in self._pending.items() if k not in state}, **state, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this rank's state; parts built later (hook, sampler) take theirs when built."""
+        self._pending = {k: state[k] for k in self._parts() if k in state}
+        self.steps = int(state.get("steps", self.steps))
+        self._restore_pending()
+
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
+
+        Other ranks get ``ranks: None`` (their copy is not written); gathering to rank 0 only keeps
+        W copies of every rank's residuals off the other ranks.
+        """
+        mine = self.state_dict()
+        gathered: list[Any] | None = [mine]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
+        return {"ranks": gathered, "config": self.config.to_record()}
+
+    def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
+        """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""
+        ranks = saved["ranks"]
+        if len(ranks) != self.world_size:
+            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
+                      f"{self.world_size}; batch plan and residuals start fresh")
+            return False
+        self.load_state_dict(dict(ranks[self.rank]))
+        return True
+
