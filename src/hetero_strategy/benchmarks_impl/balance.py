@@ -19,7 +19,8 @@ Example::
     # 4 ranks, mixed links: hetero + tiered against DDP and DDP + PowerSGD
     flock /tmp/hetero_cpu.lock hetero-strategy bench balance --compute 0.5,0.45,0.3,0.25 \
         --link 10gbit,10gbit,1gbit,100mbit --batch 32 --model resnet18_l3 \
-        --framework ddp --trainings ddp,ddp_powersgd,hetero_tiered --json benchmarks/results/balance_4rank_mixed.json
+        --framework ddp --trainings ddp,ddp_powersgd,hetero_tiered --steps 12 \
+        --json benchmarks/results/balance_4rank_mixed.json
     hetero-strategy bench balance --simulate --rounds 1 --steps 20   # without root (labelled simulated)
 """
 
