@@ -8,6 +8,7 @@ runs on the main process first, so a download happens once and the other ranks r
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,11 @@ def train(args: argparse.Namespace, build: Callable[[argparse.Namespace], Parts]
     accuracy = evaluate(accelerator, model, test_loader, forward_batch, args.eval_batches)
     accelerator.log({"val_acc": accuracy}, step=step)
     accelerator.print(final_report(summary, accuracy, steps=step))
+    plugin.close()
+    # NOTE: free the DDP model before interpreter shutdown: gloo work released during finalization
+    # can abort the process ("terminate called without an active exception", pytorch/pytorch#179291)
+    accelerator.free_memory()
+    gc.collect()
     accelerator.end_training()
 
 

@@ -18,13 +18,13 @@ FROZEN, FREEZE_STEP = 2, 3
 
 def _train(rank: int, world_size: int, tmp: str) -> dict:
     import torch.distributed as dist
+    from dist_utils import init_gloo
     from oracle import make_data, make_net
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
     from hetero_strategy.config import HeteroConfig
     from hetero_strategy.runtime import HeteroRuntime, StallError
-    from dist_utils import init_gloo
 
     init_gloo(rank, world_size)  # a long default timeout (60 s): the runtime bounds it
     pids = [None] * world_size

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ class HeteroPlugin:
                  **fields: Any) -> None:
         if config is None:
             config = os.environ.get(CONFIG_ENV) or None
+            if config is not None and not Path(config).is_file():
+                raise ConfigError(f"{CONFIG_ENV}={config!r} is invalid: no such file; point it at a hetero YAML "
+                                  "(`hetero-strategy config` writes one) or unset it")
         self.config = HeteroConfig.resolve(config, fields)
         if isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
             raise ConfigError(f"log_every_n_steps={log_every_n_steps!r} is invalid: must be an integer >= 1")
@@ -219,6 +223,11 @@ class HeteroPlugin:
                 self.last_metrics = self.runtime.metrics()
             self.accelerator.log(self.last_metrics, step=step)
 
+    def close(self) -> None:
+        """The end of training: stop the stall heartbeat (call before ``accelerator.end_training()``)."""
+        if self.runtime is not None:
+            self.runtime.close()
+
     def metrics(self) -> dict[str, float]:
         """The latest per-rank figures (collective: call it on every rank at the same point)."""
         if self.runtime is None:
@@ -259,12 +268,15 @@ class _Checkpoint:
         self.runtime.load_gathered_state_dict(state)
 
 
-def _in_phase(runtime: HeteroRuntime, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` inside ``runtime.phase(where)``: a collective failing in it raises StallError."""
+def _in_phase(runtime: HeteroRuntime, where: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """The bound ``method`` inside ``runtime.phase(where)``: a collective failing in it raises StallError."""
+    # NOTE: weakly: the wrapper lives on the DDP object, and a cycle back to it would keep DDP (and
+    # its gloo work) alive until interpreter shutdown, whose release there aborts the process
+    ref = weakref.WeakMethod(method)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with runtime.phase(where):
-            return fn(*args, **kwargs)
+            return ref()(*args, **kwargs)
 
     return run
 

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_strategy.commands.flags import choices_list, count, number
+
 __all__ = ["add_arguments", "run"]
 
 _WORKER = "hetero_strategy.benchmarks_impl.accelerate_worker"
@@ -31,11 +33,11 @@ _WORKER = "hetero_strategy.benchmarks_impl.accelerate_worker"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/accelerate_overhead.json", help="result JSON")
-    parser.add_argument("--models", default="resnet18,mlp", help="comma-separated: resnet18, mlp")
-    parser.add_argument("--batch", type=int, default=32, help="per-rank batch B (default 32)")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per run (after one untimed)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per launch")
+    parser.add_argument("--models", type=choices_list(("resnet18", "mlp")), default="resnet18,mlp", help="comma-separated: resnet18, mlp")
+    parser.add_argument("--batch", type=count(1), default=32, help="per-rank batch B (default 32)")
+    parser.add_argument("--steps", type=count(1), default=30, help="timed steps per run (after one untimed)")
+    parser.add_argument("--rounds", type=count(1), default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per launch")
 
 
 def _launch(mode: str, model: str, args: argparse.Namespace, out: Path) -> list[float]:

@@ -44,6 +44,7 @@ from hetero_strategy.benchmarks_impl.balance_summary import (
     summarise,
     sweep_splits,
 )
+from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
 
 __all__ = ["add_arguments", "goals", "run"]
 
@@ -53,9 +54,9 @@ _WORKER = "hetero_strategy.benchmarks_impl.balance_worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/balance.json", help="result JSON (PNG beside it)")
     parser.add_argument("--png", default=None, help="chart path (default: the JSON path with .png)")
-    parser.add_argument("--compute", default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
-    parser.add_argument("--batch", type=int, default=64, help="mean per-rank batch B (default 64)")
+    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
+    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
+    parser.add_argument("--batch", type=count(1), default=64, help="mean per-rank batch B (default 64)")
     parser.add_argument("--model", choices=MODELS, default="resnet18", help="workload model (default resnet18)")
     parser.add_argument("--framework", choices=FRAMEWORKS, default="lightning",
                         help="lightning: L.Trainer + HeteroStrategy (default); ddp: torch DDP + HeteroRuntime "
@@ -65,16 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
     parser.add_argument("--sweep-points", default="0.85,1.0,1.15",
                         help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.85,1.0,1.15)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps of ddp / static hetero runs")
-    parser.add_argument("--cal-steps", type=int, default=50, help="steps of the calibrated run (from equal shares)")
-    parser.add_argument("--measure", type=int, default=10, help="figures use the last N steps of each run")
-    parser.add_argument("--recalibrate-every", type=int, default=10, help="calibrator period in the bench")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
+    parser.add_argument("--cal-steps", type=count(2), default=50, help="steps of the calibrated run (from equal shares)")
+    parser.add_argument("--measure", type=count(1), default=10, help="figures use the last N steps of each run")
+    parser.add_argument("--recalibrate-every", type=count(1), default=10, help="calibrator period in the bench")
+    parser.add_argument("--rounds", type=count(1), default=5, help="alternating rounds (default 5)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")
     parser.add_argument("--overlap-comm", choices=("on", "off"), default="on",
                         help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way, the "
                              "default), off = after it")
-    parser.add_argument("--timeout", type=float, default=900.0,
+    parser.add_argument("--timeout", type=number(what="seconds"), default=900.0,
                         help="seconds allowed per run (a --framework ddp launch gets this per mode it runs)")
 
 
@@ -95,8 +96,6 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[float]] | str:
         alphas = []
     if not alphas or not all(math.isfinite(a) and a >= 0 for a in alphas):
         return f"--sweep-points={args.sweep_points!r} is invalid: give numbers >= 0 such as 0.8,0.9,1.0,1.1,1.2"
-    if args.rounds < 1:
-        return f"--rounds={args.rounds} is invalid: run at least 1 round (5 or more to report medians)"
     cal = any(t in ("hetero_cal", "hetero_auto") for t in trainings)
     if args.measure >= args.steps or (cal and args.cal_steps - args.measure < 5 + 3 * args.recalibrate_every):
         return ("--measure must be below --steps, and --cal-steps must leave room for three calibration "
@@ -110,20 +109,19 @@ def run(args: argparse.Namespace) -> int:
 
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
-    from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
-
     console = Console()
-    checked = _check(args)
-    if isinstance(checked, str):
-        console.print(f"[red]bench balance: {checked}")
+    checked, spec = _check(args), cluster_args(args.compute, args.link)
+    if isinstance(checked, str) or isinstance(spec, str):
+        console.print(f"bench balance: {checked if isinstance(checked, str) else spec}", style="red", markup=False,
+                      highlight=False)
         return 2
     trainings, alphas = checked
     started = time.perf_counter()
-    compute = parse_float_list(args.compute, "--compute")
+    compute, links = spec
     rounds: list[dict] = []
     splits: list[list[int]] = []
     try:
-        with EmulatedCluster(compute, parse_link_list(args.link), simulate=args.simulate) as cluster, \
+        with EmulatedCluster(compute, links, simulate=args.simulate) as cluster, \
                 tempfile.TemporaryDirectory(prefix="bench_balance_") as tmp:
             console.print(cluster_table(cluster.describe()))
             for i in range(args.rounds):

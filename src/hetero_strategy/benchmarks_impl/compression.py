@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from hetero_strategy.cluster.tiers import parse_rate
+from hetero_strategy.commands.flags import count, number, rates
 
 __all__ = ["add_arguments", "run"]
 
@@ -39,12 +40,12 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.compression_wo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
-    parser.add_argument("--link", default="100mbit", help="slow link rate (step time and time to accuracy)")
-    parser.add_argument("--rounds", type=int, default=10, help="timed steps per method (alternating)")
-    parser.add_argument("--steps", type=int, default=200, help="time-to-accuracy step budget")
-    parser.add_argument("--seeds", type=int, default=3, help="time-to-accuracy seeds")
-    parser.add_argument("--target", type=float, default=0.95, help="digits held-out accuracy to reach")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--link", type=rates, default="100mbit", help="slow link rate (step time and time to accuracy)")
+    parser.add_argument("--rounds", type=count(1), default=10, help="timed steps per method (alternating)")
+    parser.add_argument("--steps", type=count(1), default=200, help="time-to-accuracy step budget")
+    parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")
+    parser.add_argument("--target", type=number(0.0, 1.0, what="an accuracy"), default=0.95, help="digits held-out accuracy to reach")
+    parser.add_argument("--lr", type=number(what="a learning rate"), default=0.05, help="SGD learning rate (momentum 0.9)")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
     parser.add_argument("--simulate-link", action="store_true",
                         help="no namespaces: slow-link time = unthrottled compute + the hook's bytes / link rate "
@@ -166,6 +167,12 @@ def _chart(methods: dict, path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from hetero_strategy.benchmarks_impl.compression_worker import METHODS
 
+    unknown = [m for m in args.methods or () if m not in METHODS]
+    if unknown or (args.methods and "dense_fp32" not in args.methods):
+        print(f"bench compression: --methods={' '.join(args.methods)!r} is invalid: "
+              f"{f'{unknown[0]!r} is unknown; ' if unknown else ''}choose from {', '.join(METHODS)}, "
+              "including dense_fp32 (every ratio is against it)", file=sys.stderr)
+        return 2
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     picked = ["--methods", *(args.methods or METHODS)]

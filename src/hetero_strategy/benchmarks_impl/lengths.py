@@ -27,6 +27,7 @@ from typing import Any
 from hetero_strategy.benchmarks_impl._ranks import run_job
 from hetero_strategy.benchmarks_impl.balance_metrics import median_step
 from hetero_strategy.benchmarks_impl.balance_summary import spread
+from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
 
 __all__ = ["add_arguments", "figures", "run"]
 
@@ -36,14 +37,14 @@ _TRAININGS = ("ddp", "count", "cost")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/lengths.json", help="result JSON")
-    parser.add_argument("--compute", default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit)")
-    parser.add_argument("--batch", type=int, default=32, help="mean samples per rank per step (default 32)")
-    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
-    parser.add_argument("--measure", type=int, default=30, help="figures use the last N steps (default 30)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
+    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit)")
+    parser.add_argument("--batch", type=count(1), default=32, help="mean samples per rank per step (default 32)")
+    parser.add_argument("--steps", type=count(2), default=40, help="training steps per run (default 40)")
+    parser.add_argument("--measure", type=count(1), default=30, help="figures use the last N steps (default 30)")
+    parser.add_argument("--rounds", type=count(1), default=5, help="alternating rounds (default 5)")
     parser.add_argument("--simulate", action="store_true", help="no root: loopback + duty-cycle compute")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per launch")
+    parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per launch")
 
 
 def figures(ranks: list[dict], measure: int, global_batch: int) -> dict[str, float]:
@@ -65,18 +66,18 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.balance.shares import split_batch
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
-    from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
-
     console = Console()
-    if args.measure >= args.steps or args.rounds < 1:
-        console.print("[red]bench lengths: --measure must be below --steps, and --rounds at least 1")
+    spec = cluster_args(args.compute, args.link)
+    if isinstance(spec, str) or args.measure >= args.steps:
+        why = spec if isinstance(spec, str) else f"--measure={args.measure} is invalid: it must be below --steps"
+        console.print(f"bench lengths: {why}", style="red", markup=False, highlight=False)
         return 2
     started = time.perf_counter()
-    compute = parse_float_list(args.compute, "--compute")
+    compute, links = spec
     g = args.batch * len(compute)
     rounds, sizes, solo = [], None, None
     try:
-        with EmulatedCluster(compute, parse_link_list(args.link), simulate=args.simulate) as cluster, \
+        with EmulatedCluster(compute, links, simulate=args.simulate) as cluster, \
                 tempfile.TemporaryDirectory(prefix="bench_lengths_") as tmp:
             console.print(cluster_table(cluster.describe()))
             ranks = _launch(cluster, "solo", None, args, Path(tmp, "solo"), console)

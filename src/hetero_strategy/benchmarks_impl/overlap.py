@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_strategy.commands.flags import count, number, rates
+
 __all__ = ["add_arguments", "run", "summarise"]
 
 _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker"]
@@ -29,11 +31,11 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
-    parser.add_argument("--link", default="100mbit", help="emulated link rate of both ranks")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (the first is dropped)")
-    parser.add_argument("--numel", type=int, default=1 << 24, help="entries in the synthetic bucket")
-    parser.add_argument("--density", type=float, default=0.02, help="Top-K density")
-    parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4, 8], help="stage counts to time")
+    parser.add_argument("--link", type=rates, default="100mbit", help="emulated link rate of both ranks")
+    parser.add_argument("--rounds", type=count(2), default=7, help="alternating rounds (the first is dropped)")
+    parser.add_argument("--numel", type=count(1024), default=1 << 24, help="entries in the synthetic bucket")
+    parser.add_argument("--density", type=number(0.0, 1.0, what="a density"), default=0.02, help="Top-K density")
+    parser.add_argument("--stages", type=count(1), nargs="+", default=[1, 2, 4, 8], help="stage counts to time")
     parser.add_argument("--local", action="store_true", help="loopback instead of the emulated cluster (no root)")
 
 

@@ -101,16 +101,29 @@ def save_profile(profile: dict[str, Any], path: str | Path) -> None:
 
 def load_profile(path: str | Path) -> ProfileInputs:
     """Read a profile JSON and return the planner's inputs; refuses other schemas with the fix."""
-    data = json.loads(Path(path).read_text())
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"profile={str(path)!r} is invalid: schema {data.get('schema')!r} is not {SCHEMA!r}; "
-                         "re-run `hetero-strategy profile --json PATH`")
-    ranks = sorted(data["ranks"], key=lambda r: r["rank"])
-    bw = [r.get("bandwidth_gbit_s") for r in ranks]
-    if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
-        bw = [1.0] * len(ranks)
-    return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks], bandwidth_gbit_s=[float(b) for b in bw],
-                         tiers=[r.get("tier") or "eth1g" for r in ranks])
+    from hetero_strategy.config import ConfigError
+
+    again = "re-run `hetero-strategy profile --json PATH`"
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"profile={str(path)!r} is invalid: cannot read it ({e.strerror}); {again}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"profile={str(path)!r} is invalid: not JSON at line {e.lineno} (a truncated or "
+                          f"hand-edited file?); {again}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise ConfigError(f"profile={str(path)!r} is invalid: schema {schema!r} is not {SCHEMA!r}; {again}")
+    try:
+        ranks = sorted(data["ranks"], key=lambda r: r["rank"])
+        bw = [r.get("bandwidth_gbit_s") for r in ranks]
+        if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
+            bw = [1.0] * len(ranks)
+        return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks],
+                             bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ConfigError(f"profile={str(path)!r} is invalid: its ranks lack a field or hold a bad value "
+                          f"({type(e).__name__}: {e}); {again}") from None
 
 
 def _init_from_env() -> bool:

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
 
@@ -31,15 +33,15 @@ _MODES = {"ddp": "plain DDP", "hetero_auto": "hetero"}  # hetero: probe, then on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compute", default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", default="10gbit", help="per-rank link rate (default 10gbit)")
-    parser.add_argument("--batch", type=int, default=128, help="mean per-rank batch B (default 128)")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
-    parser.add_argument("--measure", type=int, default=12, help="figures use the last N steps (default 12)")
+    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
+    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit)")
+    parser.add_argument("--batch", type=count(1), default=128, help="mean per-rank batch B (default 128)")
+    parser.add_argument("--steps", type=count(2), default=60, help="training steps per run (default 60)")
+    parser.add_argument("--measure", type=count(1), default=12, help="figures use the last N steps (default 12)")
     parser.add_argument("--out", default="demo_results", help="folder for demo.json and demo.png")
     parser.add_argument("--simulate", action="store_true",
                         help="loopback + duty-cycle compute (the default when not root)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run")
+    parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per run")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,16 +49,20 @@ def run(args: argparse.Namespace) -> int:
 
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
-    from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
 
     console = Console()
+    cluster_spec = cluster_args(args.compute, args.link)
+    if isinstance(cluster_spec, str) or args.measure >= args.steps:
+        why = cluster_spec if isinstance(cluster_spec, str) else (
+            f"--measure={args.measure} is invalid: it must be below --steps={args.steps}")
+        console.print(f"demo: {why}", style="red", markup=False, highlight=False)
+        return 2
     simulate = args.simulate or os.geteuid() != 0
     if simulate and not args.simulate:
         console.print("[yellow]not root: running the SIMULATED cluster (loopback, duty-cycle compute)")
     results: dict[str, list[dict]] = {}
     try:
-        with EmulatedCluster(parse_float_list(args.compute, "--compute"), parse_link_list(args.link),
-                             simulate=simulate) as cluster, tempfile.TemporaryDirectory(prefix="hetero_demo_") as tmp:
+        with EmulatedCluster(*cluster_spec, simulate=simulate) as cluster, tempfile.TemporaryDirectory(prefix="hetero_demo_") as tmp:
             console.print(cluster_table(cluster.describe()))
             for mode, label in _MODES.items():
                 console.rule(f"[bold]{label}")

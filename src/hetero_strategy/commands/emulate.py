@@ -15,6 +15,8 @@ import json
 import signal
 import sys
 
+from hetero_strategy.commands.flags import count, number, rates, shares
+
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
 
@@ -22,18 +24,18 @@ __all__ = ["HELP", "NAME", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: entries in --compute)")
-    parser.add_argument("--compute", default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
+    parser.add_argument("--nproc", type=count(1), default=None, help="number of ranks (default: entries in --compute)")
+    parser.add_argument("--compute", type=shares, default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
     parser.add_argument("--nodes", default=None,
                         help="ranks per node, e.g. 1,3: a node's ranks share a namespace and a link, and get "
                              "torchrun's per-node LOCAL_RANK / LOCAL_WORLD_SIZE / GROUP_RANK")
-    parser.add_argument("--link", default=None,
+    parser.add_argument("--link", type=rates, default=None,
                         help="per-rank (per-node with --nodes) link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
     parser.add_argument("--latency", default=None,
                         help="per-rank (per-node with --nodes) tbf queueing-latency bound in ms (default 50)")
     parser.add_argument("--simulate", action="store_true",
                         help="no root: loopback, unshaped links, compute slowed by a SIGSTOP/SIGCONT duty cycle")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="stop every rank after this many seconds")
+    parser.add_argument("--timeout", type=number(what="seconds"), default=3600.0, help="stop every rank after this many seconds")
     parser.add_argument("--no-measure", action="store_true", help="skip the per-rank link bandwidth probe")
     parser.add_argument("--json", default=None, help="write the cluster description and exit codes here")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every rank")

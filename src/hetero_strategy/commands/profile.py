@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from hetero_strategy.commands.flags import count, number
+
 NAME = "profile"
 HELP = "Measure per-rank matmul/memory throughput and all-reduce/p2p bandwidth; write a cluster profile."
 
@@ -21,7 +23,13 @@ __all__ = ["HELP", "NAME", "add_arguments", "run"]
 def _bytes(text: str) -> int:
     from hetero_strategy.cluster.tiers import parse_size
 
-    return parse_size(text)
+    try:
+        size = parse_size(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: give a positive size such as 4096, 64KB or 4MB")
+    return size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-bytes", type=_bytes, default=256 << 20,
                         help="largest all-reduce of the sweep (1 KB .. this; default 256MB); e.g. 4MB on CPU")
     parser.add_argument("--p2p-bytes", type=_bytes, default=4 << 20, help="bytes per point-to-point transfer")
-    parser.add_argument("--matmul-n", type=int, default=1024, help="matrix size of the matmul probe")
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds per timed probe")
+    parser.add_argument("--matmul-n", type=count(16), default=1024, help="matrix size of the matmul probe")
+    parser.add_argument("--budget", type=number(what="seconds"), default=0.3, help="seconds per timed probe")
 
 
 def run(args: argparse.Namespace) -> int:

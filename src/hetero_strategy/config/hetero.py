@@ -102,8 +102,15 @@ class HeteroConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> HeteroConfig:
-        with open(path) as f:
-            return cls.from_dict(yaml.safe_load(f) or {})
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            _fail("config", str(path), f"not valid YAML{line} ({getattr(e, 'problem', None) or e}); fix the file "
+                  "or write it again with `hetero-strategy config`")
+        return cls.from_dict(data)
 
     # ---- output -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class BalanceConfig:
             _fail("loss_normalization", self.loss_normalization,
                   "a mean over tokens needs each sample's token count: set sample_cost='<dataset attribute>' "
                   "or sample_cost=<function of the sample index>")
+        if self.profile is not None and not isinstance(self.profile, (str, Path)):
+            _fail("profile", self.profile, "give the path of a cluster-profile JSON, or None")
         if self.profile is not None and not Path(self.profile).is_file():
             _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
 
@@ -112,6 +114,8 @@ class CalibrationConfig:
     """Largest relative change of one rank's share in one decision."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.calibrate, bool):
+            _fail("calibrate", self.calibrate, "must be true or false")
         for name in ("cold_start_steps", "recalibrate_every", "window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "cold_start_steps" else 1):

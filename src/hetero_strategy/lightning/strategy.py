@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import os
+import pickle
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -301,7 +302,12 @@ class HeteroStrategy(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        try:
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # torch.load's words for a bad file
+            raise ConfigError(f"ckpt_path={str(checkpoint_path)!r} is invalid: it cannot be read as a checkpoint "
+                              f"({str(e).splitlines()[0][:200]}); it is truncated or not a Lightning checkpoint: "
+                              "pass a complete one") from None
         saved = checkpoint.get(_CKPT_KEY)
         if saved is not None:
             self.runtime.load_gathered_state_dict(saved)

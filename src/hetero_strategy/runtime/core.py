@@ -106,12 +106,13 @@ class HeteroRuntime(RuntimeState):
         ``max_steps`` is the run's length for the density schedule: an int, or a callable read at
         the first compressed step (when the length is known only once the data is set up).
         """
+        # From here on no collective waits longer than stall_timeout_s, and a failed one is explained
+        timeout = self.config.reliability.stall_timeout_s
+        bound_collectives(timeout)
         self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
         self._restore_pending()
         ddp_model.register_comm_hook(self.hook_state, self.gate.guard.wrap_hook(hook))
-        # From here on no collective waits longer than stall_timeout_s, and a failed one is explained
-        timeout = self.config.reliability.stall_timeout_s
-        bound_collectives(timeout, hook_groups(self.hook_state))
+        bound_collectives(timeout, hook_groups(self.hook_state))  # the groups the hook made
         if self.watch is None and self.world_size > 1:
             self.watch = StallWatch(self.rank, self.world_size, timeout)
 

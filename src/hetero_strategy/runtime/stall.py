@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -88,11 +89,14 @@ class StallWatch:
         if self._store is not None and world_size > 1:
             self._thread = threading.Thread(target=self._beat, name="hetero-heartbeat", daemon=True)
             self._thread.start()
+            atexit.register(self.close)  # the thread and its store connection end before interpreter teardown
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.period_s + 5)
+            self._thread = None
+        self._store = None
 
     @contextlib.contextmanager
     def phase(self, where: str, step: int | None = None) -> Iterator[None]:
