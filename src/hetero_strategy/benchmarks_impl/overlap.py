@@ -32,7 +32,7 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
     parser.add_argument("--link", type=rates, default="100mbit", help="emulated link rate of both ranks")
-    parser.add_argument("--rounds", type=count(2), default=7, help="alternating rounds (the first is dropped)")
+    parser.add_argument("--rounds", type=count(1), default=7, help="alternating rounds (the first is dropped)")
     parser.add_argument("--numel", type=count(1024), default=1 << 24, help="entries in the synthetic bucket")
     parser.add_argument("--density", type=number(0.0, 1.0, what="a density"), default=0.02, help="Top-K density")
     parser.add_argument("--stages", type=count(1), nargs="+", default=[1, 2, 4, 8], help="stage counts to time")
