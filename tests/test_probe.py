@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 from dist_utils import init_gloo, run_distributed
@@ -89,7 +90,7 @@ def test_the_codec_work_of_a_compressed_exchange_lands_in_the_fixed_cost(monkeyp
 
     def fake_codec_work(numel, device, backend, density):
         calls.append((numel, backend, density))
-        return lambda: time.sleep(0.1)
+        return types.SimpleNamespace(run=lambda: time.sleep(0.1))
 
     monkeypatch.setattr(cost, "codec_work", fake_codec_work)
     torch.manual_seed(0)

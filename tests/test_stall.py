@@ -12,7 +12,7 @@ import pytest
 import torch
 from dist_utils import run_distributed
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 5.0
 FROZEN, FREEZE_STEP = 2, 3
 
 
@@ -87,3 +87,40 @@ def test_the_error_comes_within_the_bound_and_nothing_is_left_running(results):
         assert res[rank]["at"] - frozen_at <= TIMEOUT_S + 10, "the stall error came too late"
     with pytest.raises(ProcessLookupError):
         os.kill(res[0]["pids"][FROZEN], 0)
+
+
+def _bound_only_in_phases(rank: int, world_size: int) -> dict:
+    import datetime
+
+    import torch.distributed as dist
+    from dist_utils import init_gloo
+    from oracle import make_net
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.runtime import HeteroRuntime
+    from hetero_strategy.runtime.stall import group_timeout
+
+    init_gloo(rank, world_size)  # 60 s, as a framework would set it
+    runtime = HeteroRuntime(HeteroConfig.from_flat(batch_sizes=[4, 4], stall_timeout_s=1.0), rank, world_size)
+    runtime.register_hook(DistributedDataParallel(make_net()))
+    out = {}
+    with runtime.phase("metrics"):
+        out["inside"] = group_timeout(dist.group.WORLD)
+    out["after"] = group_timeout(dist.group.WORLD)
+    # a rank far behind outside any phase (a slow probe, an evaluation) is no stall
+    if rank == 1:
+        time.sleep(3.0)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["sum"] = t.item()
+    runtime.close()
+    assert out["after"] == datetime.timedelta(seconds=60)
+    return out
+
+
+def test_the_bound_holds_inside_a_phase_only():
+    import datetime
+
+    for r in run_distributed(_bound_only_in_phases, 2, timeout=90):
+        assert r["inside"] == datetime.timedelta(seconds=1.0) and r["sum"] == 2.0

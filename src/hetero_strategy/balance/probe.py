@@ -33,6 +33,9 @@ class ProbeExchange:
     """Top-K density of the codec work to time (None: no codec)."""
     codec_backend: str = "auto"
 
+    def __bool__(self) -> bool:  # a measure() written for the old ``with_comm`` bool still reads it
+        return self.dense
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -114,7 +117,7 @@ def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]
 
 def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor],
                     batches: list[tuple[Any, int]], steps: int,
-                    exchange: ProbeExchange | bool = True) -> StepCost:
+                    exchange: ProbeExchange | bool = True, with_comm: bool | None = None) -> StepCost:
     """This rank's step cost from forward+backward of ``loss_fn(batch)`` at one or two batch sizes.
 
     ``batches`` holds (batch, samples) pairs, e.g. the loader's batch and half of it; two timings
@@ -134,23 +137,25 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
     was_training = module.training
     module.train()
 
+    if with_comm is not None:  # the keyword before ProbeExchange existed
+        exchange = with_comm
     if isinstance(exchange, bool):
         exchange = ProbeExchange(dense=exchange)
     params = [p for p in module.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)
     device = params[0].device if params else None
-    codec = None
-    if exchange.codec_density is not None and numel:
-        from hetero_strategy.hooks.cost import codec_work
-
-        codec = codec_work(numel, device, exchange.codec_backend, exchange.codec_density)
+    codec: list[Callable[[], None]] = []
 
     def step(batch: Any, start_comm: Callable[[], None]) -> None:
         loss = loss_fn(batch)
         start_comm()  # DDP exchanges gradients during backward, not during forward
         loss.backward()
-        if codec is not None:  # the hook encodes every bucket of this step's gradient
-            codec()
+        if exchange.codec_density is not None and numel:  # the hook encodes every bucket of the step
+            if not codec:  # NOTE: built here, so running out of memory is a probe failure like any other
+                from hetero_strategy.hooks.cost import codec_work
+
+                codec.append(codec_work(numel, device, exchange.codec_backend, exchange.codec_density).run)
+            codec[0]()
 
     comm_numel = numel if exchange.dense else 0
     try:

@@ -60,7 +60,9 @@ def number(low: float = 0.0, high: float = math.inf, *, low_open: bool = True, h
 
 def shares(text: str) -> str:
     """Comma-separated CPU shares of one core, each in (0, 1] (a rank gets at most its pinned core)."""
-    parts = [p.strip() for p in str(text).split(",")]
+    if not [p for p in str(text).split(",") if p.strip()]:
+        raise _bad(text, "give one share of a core per rank, each in (0, 1], e.g. 1.0,0.57")
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]  # a trailing comma is fine
     check = number(0.0, 1.0)
     try:
         for p in parts:
@@ -73,9 +75,10 @@ def shares(text: str) -> str:
 def rates(text: str) -> str:
     """Comma-separated link rates in tc's spelling (10gbit, 100mbit, 800kbit; none: unshaped)."""
     from hetero_strategy.cluster.tiers import parse_rate
+    from hetero_strategy.emulate.spec import UNSHAPED
 
     for part in str(text).split(","):
-        if part.strip().lower() == "none":  # an unshaped link
+        if part.strip().lower() in UNSHAPED:  # an unshaped link
             continue
         try:
             parse_rate(part)

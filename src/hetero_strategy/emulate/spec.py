@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from hetero_strategy.cluster.tiers import classify_tier, parse_rate
 
-__all__ = ["ClusterSpec", "parse_float_list", "parse_link_list"]
+__all__ = ["UNSHAPED", "ClusterSpec", "parse_float_list", "parse_link_list"]
 
-_UNSHAPED = ("none", "unlimited", "")
+UNSHAPED = ("none", "unlimited", "")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,7 +59,7 @@ class ClusterSpec:
         if len(links) != owners:
             raise ValueError(f"links={self.links!r} is invalid: give 1 or {owners} entries (one per {what})")
         self.links = [links[k] if self.nodes is None else links[self.node_of[k]] for k in range(n)]
-        self.rates_bps = [None if str(x).strip().lower() in _UNSHAPED else parse_rate(x) for x in self.links]
+        self.rates_bps = [None if str(x).strip().lower() in UNSHAPED else parse_rate(x) for x in self.links]
         lat = [50.0] if self.latency_ms is None else list(self.latency_ms)
         if len(lat) == 1:
             lat = lat * owners

@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
 from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
 
-__all__ = ["CompressionCost", "codec_work", "measure_codec_seconds_per_entry", "measure_compression_cost"]
+__all__ = ["CodecWork", "CompressionCost", "codec_work", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
 
@@ -57,43 +56,54 @@ class CompressionCost:
                 f"per entry (dense costs {4e9 / self.link_bytes_per_s:.3g} ns per entry)")
 
 
-def codec_work(numel: int, device: torch.device, backend: str = "auto", density: float = 0.05
-               ) -> Callable[[], None]:
-    """One step of the compressing hook's own work on a synthetic bucket of ``numel`` entries, as a
-    callable: error-feedback add, non-finite marker, per-parameter selection at ``density``, the
-    residual write. Buffers are made once, so each call costs what a bucket of that size costs.
+class CodecWork:
+    """The compressing hook's own work on a synthetic bucket of ``numel`` entries: error-feedback
+    add, non-finite marker, per-parameter selection at ``density``, the residual write.
 
-    The probe times it beside the training step: a rank's codec time is part of its step cost
-    (a rank held to a quarter of a core pays four times what a full core pays).
+    :meth:`run` is one bucket's work, in place, as the hook does it on DDP's bucket; :meth:`reset`
+    (outside any clock) puts the buffers back where they started. The probe times ``run`` beside
+    the training step: a rank's codec time is part of its step cost (a rank held to a quarter of a
+    core pays four times what a full core pays).
     """
-    gen = torch.Generator().manual_seed(0)
-    grad = torch.randn(numel, generator=gen).to(device)
-    residual = torch.zeros(numel, device=device)
-    parts = max(1, min(4, numel))  # a few parameters, as in a real bucket
-    sizes = [numel // parts] * (parts - 1) + [numel - (numel // parts) * (parts - 1)]
-    offsets = [sum(sizes[:i]) for i in range(parts)]
-    ks = [max(1, int(n * density)) for n in sizes]
 
-    def run() -> None:
-        acc = ef_accumulate_(grad.clone(), residual, 1.0, backend)
+    def __init__(self, numel: int, device: torch.device, backend: str = "auto", density: float = 0.05) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.grad = torch.randn(numel, generator=gen).to(device)
+        self.buf = self.grad.clone()
+        self.residual = torch.zeros(numel, device=device)
+        parts = max(1, min(4, numel))  # a few parameters, as in a real bucket
+        self.sizes = [numel // parts] * (parts - 1) + [numel - (numel // parts) * (parts - 1)]
+        self.offsets = [sum(self.sizes[:i]) for i in range(parts)]
+        self.ks = [max(1, int(n * density)) for n in self.sizes]
+        self.backend = backend
+
+    def reset(self) -> None:
+        self.buf.copy_(self.grad)
+        self.residual.zero_()
+
+    def run(self) -> None:
+        acc = ef_accumulate_(self.buf, self.residual, 1.0, self.backend)
         marker = nonfinite_marker(acc)
-        TopKCodec.select_segments_(acc, offsets, sizes, ks, ks, backend)
-        torch.where(torch.isnan(marker), residual, acc, out=residual)
-        residual.zero_()  # the next call starts from the same residual
+        TopKCodec.select_segments_(acc, self.offsets, self.sizes, self.ks, self.ks, self.backend)
+        torch.where(torch.isnan(marker), self.residual, acc, out=self.residual)
 
-    return run
+
+def codec_work(numel: int, device: torch.device, backend: str = "auto", density: float = 0.05) -> CodecWork:
+    """:class:`CodecWork` for a bucket of ``numel`` entries."""
+    return CodecWork(numel, device, backend, density)
 
 
 def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", density: float = 0.05,
                                     repeats: int = 3) -> float:
-    """This rank's cost per entry of :func:`codec_work` on a 2^20-entry bucket (best of ``repeats``)."""
+    """This rank's cost per entry of :meth:`CodecWork.run` on a 2^20-entry bucket (best of ``repeats``)."""
     work = codec_work(_PROBE_NUMEL, device, backend, density)
     best = float("inf")
     for _ in range(repeats + 1):  # the first call warms caches and allocations up
+        work.reset()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        work()
+        work.run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)

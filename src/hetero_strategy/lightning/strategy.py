@@ -23,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import os
-import pickle
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -304,10 +303,15 @@ class HeteroStrategy(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         try:
             checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # torch.load's words for a bad file
+        except (RuntimeError, EOFError) as e:
+            # NOTE: only torch.load's words for a cut-off or foreign file; weights-only refusals and
+            # out-of-memory errors carry their own instructions and pass through unchanged
+            words = str(e).lower()
+            if not isinstance(e, EOFError) and "zip archive" not in words and "central directory" not in words:
+                raise
             raise ConfigError(f"ckpt_path={str(checkpoint_path)!r} is invalid: it cannot be read as a checkpoint "
                               f"({str(e).splitlines()[0][:200]}); it is truncated or not a Lightning checkpoint: "
-                              "pass a complete one") from None
+                              "pass a complete one") from e
         saved = checkpoint.get(_CKPT_KEY)
         if saved is not None:
             self.runtime.load_gathered_state_dict(saved)

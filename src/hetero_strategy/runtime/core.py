@@ -42,7 +42,7 @@ from hetero_strategy.runtime.loaders import (
     train_loader_batch_size,
 )
 from hetero_strategy.runtime.planner import plan_batch_sizes, probe_exchange
-from hetero_strategy.runtime.stall import StallWatch, bound_collectives, hook_groups
+from hetero_strategy.runtime.stall import StallWatch, hook_groups
 from hetero_strategy.runtime.state import RuntimeState
 from hetero_strategy.runtime.timer import StepTimer
 
@@ -106,19 +106,18 @@ class HeteroRuntime(RuntimeState):
         ``max_steps`` is the run's length for the density schedule: an int, or a callable read at
         the first compressed step (when the length is known only once the data is set up).
         """
-        # From here on no collective waits longer than stall_timeout_s, and a failed one is explained
-        timeout = self.config.reliability.stall_timeout_s
-        bound_collectives(timeout)
         self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
         self._restore_pending()
         ddp_model.register_comm_hook(self.hook_state, self.gate.guard.wrap_hook(hook))
-        bound_collectives(timeout, hook_groups(self.hook_state))  # the groups the hook made
+        # Inside runtime.phase(...) no collective waits longer than stall_timeout_s, and a failed one is explained
         if self.watch is None and self.world_size > 1:
-            self.watch = StallWatch(self.rank, self.world_size, timeout)
+            self.watch = StallWatch(self.rank, self.world_size, self.config.reliability.stall_timeout_s,
+                                    groups=hook_groups(self.hook_state))
 
     def phase(self, where: str) -> contextlib.AbstractContextManager:
-        """``with runtime.phase("exchange"): loss.backward()``: a collective failing inside (a silent
-        or dead peer) raises :class:`StallError` naming the peer, ``where`` and the step."""
+        """``with runtime.phase("exchange"): loss.backward()``: collectives inside wait at most
+        ``stall_timeout_s``, and one failing (a silent or dead peer) raises :class:`StallError`
+        naming the peer, ``where`` and the step."""
         return contextlib.nullcontext() if self.watch is None else self.watch.phase(where, self.steps)
 
     def close(self) -> None:

@@ -77,7 +77,9 @@ class StepGate:
                                "and the comm hook unscales their gradients")
         self._loss_scaled = False
         found = self._take_found(params)
-        if found:  # every rank alike; "stop" lets an fp16 overflow through to the scaler's back-off
+        # every rank alike; "stop" lets an fp16 overflow through to the scaler's back-off, and a
+        # skip is the scaler's routine (it counts them), so it is not logged as a non-finite step
+        if found and self.guard.action == "stop":
             self.guard.on_nonfinite(step, scaled=self.precision.scaler.enabled)
         return self.precision.scaler.step(optimizer, step_fn, before_step, found_inf=found)
 

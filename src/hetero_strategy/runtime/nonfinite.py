@@ -82,6 +82,7 @@ class NonFiniteGuard:
                 raise NonFiniteError(f"hetero: the gradient of step {step} is not finite (NaN/inf), produced by "
                                      f"{who}; stopping every rank (nonfinite='stop'). Use nonfinite='skip' to drop "
                                      "such steps and go on, or lower the learning rate / check the inputs")
+            return  # only loss-scaled ranks overflowed: the scaler skips and backs off, as usual
         self.skipped += 1
         self._warn(f"hetero: step {step} skipped on every rank: its gradient is not finite (NaN/inf); "
                    f"{self.skipped} skipped so far")

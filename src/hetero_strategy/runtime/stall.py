@@ -2,10 +2,12 @@
 
 Two parts:
 
-* **The bound.** Once the comm hook is registered, the default process group and the hook's own
-  groups wait at most ``stall_timeout_s`` in any collective (:func:`bound_collectives`), whatever
-  timeout the framework created them with (30 minutes in Lightning and Accelerate). The
-  rendezvous and DDP's set-up keep the framework's timeout: ranks may start minutes apart.
+* **The bound.** Inside a phase of a training step (forward, the gradient exchange in backward,
+  metrics, the checkpoint gather), the default process group and the hook's own groups wait at
+  most ``stall_timeout_s`` in any collective (:func:`bounded`), whatever timeout the framework
+  created them with (30 minutes in Lightning and Accelerate). Elsewhere (rendezvous, the start-up
+  probe, evaluation, checkpoint barriers) the framework's timeout stays: a slow rank may
+  legitimately be far behind there.
 * **The diagnosis.** Each rank beats a counter in the rendezvous store from a thread of its own
   (:class:`StallWatch`). The thread of a frozen process is frozen too, so when a collective fails
   the survivors read which counters stopped: that names the silent rank. The error also names the
@@ -16,9 +18,8 @@ timeout, so a frozen store host (rank 0 under a one-node launch) cannot hang the
 
 Example::
 
-    bound_collectives(60.0)                      # every collective from here on: at most 60 s
     watch = StallWatch(rank, world, timeout_s=60.0)
-    with watch.phase("exchange", step):          # a collective failing inside raises StallError
+    with watch.phase("exchange", step):          # at most 60 s per collective; a failure: StallError
         loss.backward()
 """
 
@@ -34,9 +35,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["StallError", "StallWatch", "bound_collectives", "hook_groups", "is_peer_failure"]
+__all__ = ["StallError", "StallWatch", "bounded", "group_timeout", "hook_groups", "is_peer_failure"]
 
 log = logging.getLogger("hetero_strategy")
 
@@ -53,17 +55,40 @@ def is_peer_failure(error: BaseException) -> bool:
     """Whether ``error`` is a collective failing because of a peer (not a bug in this rank's code)."""
     if isinstance(error, StallError) or not isinstance(error, RuntimeError):  # DistError is a RuntimeError
         return False
+    # NOTE: by its words only: other DistErrors (a CUDA fault, mismatched collectives) are not stalls
     text = str(error).lower()
-    return isinstance(error, getattr(dist, "DistError", ())) or any(s in text for s in _PEER_FAILURE)
+    return any(s in text for s in _PEER_FAILURE)
 
 
-def bound_collectives(timeout_s: float, groups: Iterable[dist.ProcessGroup | None] = ()) -> None:
-    """Make the default group and ``groups`` wait at most ``timeout_s`` in any later collective."""
+def group_timeout(group: dist.ProcessGroup) -> datetime.timedelta | None:
+    """The timeout ``group`` was created with (None when the backend does not say)."""
+    for device in ("cpu", "cuda"):
+        try:  # NOTE: private, but the only place the backend keeps it; None falls back to not restoring
+            return group._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001, S112 - that device has no backend here
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def bounded(timeout_s: float, groups: Iterable[dist.ProcessGroup | None] = ()) -> Iterator[None]:
+    """Inside the block, collectives of the default group and ``groups`` wait at most ``timeout_s``;
+    each group gets its own timeout back afterwards (the probe, evaluation and checkpoint barriers
+    keep the framework's: a slow rank may legitimately be far behind there)."""
     if not dist.is_initialized():
+        yield
         return
     bound = datetime.timedelta(seconds=timeout_s)
-    for group in {id(g): g for g in (dist.group.WORLD, *groups) if g is not None}.values():
-        group.set_timeout(bound)
+    chosen = list({id(g): g for g in (dist.group.WORLD, *groups) if g is not None}.values())
+    saved = [(g, group_timeout(g)) for g in chosen]
+    for g, _ in saved:
+        g.set_timeout(bound)
+    try:
+        yield
+    finally:
+        for g, before in saved:
+            if before is not None:
+                g.set_timeout(before)
 
 
 def hook_groups(state: Any) -> list[dist.ProcessGroup]:
@@ -77,8 +102,10 @@ def hook_groups(state: Any) -> list[dist.ProcessGroup]:
 class StallWatch:
     """This rank's heartbeat, its current phase and step, and the error a failed collective becomes."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float, *, period_s: float | None = None) -> None:
+    def __init__(self, rank: int, world_size: int, timeout_s: float, *, period_s: float | None = None,
+                 groups: Iterable[dist.ProcessGroup] = ()) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.groups = list(groups)  # bounded inside a phase, with the default group
         self.period_s = period_s if period_s is not None else min(1.0, timeout_s / 4)
         self.where, self.step = "setup", 0
         self._stop = threading.Event()
@@ -103,7 +130,8 @@ class StallWatch:
         """Run the block as ``where`` of ``step``; a collective failing in it raises :class:`StallError`."""
         self.where, self.step = where, self.step if step is None else step
         try:
-            yield
+            with bounded(self.timeout_s, self.groups):
+                yield
         except Exception as e:
             if not is_peer_failure(e):
                 raise

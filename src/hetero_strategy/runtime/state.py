@@ -44,15 +44,15 @@ class RuntimeState:
     def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
         """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""
         ranks = saved["ranks"]
+        if len(ranks) != self.world_size:
+            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
+                      f"{self.world_size}; batch plan and residuals start fresh")
+            return False
         method = (saved.get("config") or {}).get("compression", {}).get("method")
         if method is not None and method != self.config.compression.method:
             raise ConfigError(f"checkpoint compression={method!r} is invalid for this run's compression="
                               f"{self.config.compression.method!r}: its residuals and hook state belong to "
                               f"{method!r}; resume with compression={method!r}, or start without the checkpoint")
-        if len(ranks) != self.world_size:
-            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
-                      f"{self.world_size}; batch plan and residuals start fresh")
-            return False
         self.load_state_dict(dict(ranks[self.rank]))
         return True
 
