@@ -111,7 +111,6 @@ def test_a_bad_yaml_file_names_the_key_and_the_fix(tmp_path, text, needles):
 
 
 def test_environment_variables(monkeypatch, tmp_path):
-    pytest.importorskip("accelerate", reason="the Accelerate plugin reads HETERO_STRATEGY_CONFIG")
     from hetero_strategy.accelerate import HeteroPlugin
     from hetero_strategy.hooks.tiers import resolve_tier
     from triton_kernels import dispatch
@@ -159,7 +158,6 @@ def test_a_bad_profile_json_is_refused(tmp_path, content, needles):
 
 
 def test_a_truncated_lightning_checkpoint_is_refused(tmp_path):
-    pytest.importorskip("lightning", reason="the Lightning strategy loads Lightning checkpoints")
     import torch
 
     from hetero_strategy import HeteroStrategy

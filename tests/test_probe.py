@@ -88,11 +88,11 @@ def test_the_codec_work_of_a_compressed_exchange_lands_in_the_fixed_cost(monkeyp
 
     calls = []
 
-    def fake_codec_work(numel, device, backend, density):
+    def fake_codec(numel, device, backend, density):
         calls.append((numel, backend, density))
         return types.SimpleNamespace(run=lambda: time.sleep(0.1))
 
-    monkeypatch.setattr(cost, "codec_work", fake_codec_work)
+    monkeypatch.setattr(cost, "CodecWork", fake_codec)
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 2)
     batches = [((torch.randn(n, 8),), n) for n in (16, 8)]

@@ -152,9 +152,9 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
         loss.backward()
         if exchange.codec_density is not None and numel:  # the hook encodes every bucket of the step
             if not codec:  # NOTE: built here, so running out of memory is a probe failure like any other
-                from hetero_strategy.hooks.cost import codec_work
+                from hetero_strategy.hooks.cost import CodecWork
 
-                codec.append(codec_work(numel, device, exchange.codec_backend, exchange.codec_density).run)
+                codec.append(CodecWork(numel, device, exchange.codec_backend, exchange.codec_density).run)
             codec[0]()
 
     comm_numel = numel if exchange.dense else 0

@@ -60,11 +60,11 @@ def number(low: float = 0.0, high: float = math.inf, *, low_open: bool = True, h
 
 def shares(text: str) -> str:
     """Comma-separated CPU shares of one core, each in (0, 1] (a rank gets at most its pinned core)."""
-    if not [p for p in str(text).split(",") if p.strip()]:
-        raise _bad(text, "give one share of a core per rank, each in (0, 1], e.g. 1.0,0.57")
     parts = [p.strip() for p in str(text).split(",") if p.strip()]  # a trailing comma is fine
     check = number(0.0, 1.0)
     try:
+        if not parts:
+            raise argparse.ArgumentTypeError(text)
         for p in parts:
             check(p)
     except argparse.ArgumentTypeError:

@@ -31,7 +31,7 @@ from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
 from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
 
-__all__ = ["CodecWork", "CompressionCost", "codec_work", "measure_codec_seconds_per_entry", "measure_compression_cost"]
+__all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
 
@@ -88,15 +88,10 @@ class CodecWork:
         torch.where(torch.isnan(marker), self.residual, acc, out=self.residual)
 
 
-def codec_work(numel: int, device: torch.device, backend: str = "auto", density: float = 0.05) -> CodecWork:
-    """:class:`CodecWork` for a bucket of ``numel`` entries."""
-    return CodecWork(numel, device, backend, density)
-
-
 def measure_codec_seconds_per_entry(device: torch.device, backend: str = "auto", density: float = 0.05,
                                     repeats: int = 3) -> float:
     """This rank's cost per entry of :meth:`CodecWork.run` on a 2^20-entry bucket (best of ``repeats``)."""
-    work = codec_work(_PROBE_NUMEL, device, backend, density)
+    work = CodecWork(_PROBE_NUMEL, device, backend, density)
     best = float("inf")
     for _ in range(repeats + 1):  # the first call warms caches and allocations up
         work.reset()

@@ -78,7 +78,7 @@ class HeteroRuntime(RuntimeState):
         self.sampler: HeteroBatchSampler | None = None
         self.balancer: OnlineBalancer | None = None
         self.timer = StepTimer()
-        self.gate = StepGate(config.reliability, rank, self.info_warning)
+        self.gate = StepGate(config.reliability, self.info_warning)
         self.watch: StallWatch | None = None
         self.local_batch = 0
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter

@@ -27,9 +27,9 @@ __all__ = ["StepGate"]
 class StepGate:
     """One rank's autocast, loss scale and step decision."""
 
-    def __init__(self, config: ReliabilityConfig, rank: int, warn: Callable[[str], None]) -> None:
+    def __init__(self, config: ReliabilityConfig, warn: Callable[[str], None]) -> None:
         self.precision: RankPrecision | None = None
-        self.guard = NonFiniteGuard(config.nonfinite, rank, warn)
+        self.guard = NonFiniteGuard(config.nonfinite, warn)
         self._loss_scaled = False
         self._found: bool | None = None
 

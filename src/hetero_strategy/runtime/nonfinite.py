@@ -15,7 +15,7 @@ reduced gradient, the same on every rank, decides alike everywhere without a col
 
 Example::
 
-    guard = NonFiniteGuard("stop", rank=0)
+    guard = NonFiniteGuard("stop")
     ddp.register_comm_hook(state, guard.wrap_hook(hook))
     ...
     if CoordinatedScaler.found_inf(params):          # the reduced gradient, the same on every rank
@@ -43,8 +43,8 @@ class NonFiniteError(FloatingPointError):
 class NonFiniteGuard:
     """This rank's handling of non-finite steps: the skip count, and in ``stop`` mode its own flags."""
 
-    def __init__(self, action: str, rank: int, warn: Callable[[str], None] = log.warning) -> None:
-        self.action, self.rank, self._warn = action, rank, warn
+    def __init__(self, action: str, warn: Callable[[str], None] = log.warning) -> None:
+        self.action, self._warn = action, warn
         self.skipped = 0
         self._local: list[torch.Tensor] = []  # per bucket of this step: 0-d bool, "not finite"
 

@@ -43,8 +43,8 @@ __all__ = ["StallError", "StallWatch", "bounded", "group_timeout", "hook_groups"
 log = logging.getLogger("hetero_strategy")
 
 # What a collective says when a peer is silent or gone (gloo, NCCL and the store word it so).
-_PEER_FAILURE = ("timed out", "timing out", "connection closed", "connection reset", "broken pipe",
-                 "connection refused", "socket closed", "watchdog")
+_PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "socket closed")
+_PEER_FAILURE = ("timed out", "timing out", "watchdog", *_PEER_GONE)
 
 
 class StallError(RuntimeError):
@@ -140,7 +140,7 @@ class StallWatch:
     def error(self, cause: BaseException) -> StallError:
         """The :class:`StallError` for ``cause``, with the silent rank(s) when the heartbeats tell."""
         text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        gone = any(s in text.lower() for s in ("connection closed", "connection reset", "broken pipe", "refused"))
+        gone = any(s in text.lower() for s in _PEER_GONE)
         what = "lost its connection to" if gone else f"waited more than stall_timeout_s={self.timeout_s:g} s for"
         return StallError(f"hetero: rank {self.rank} {what} {self._who()} during the {self.where} of step "
                           f"{self.step} ({text[:300]}). A frozen or dead peer stops every rank; if that peer is "
