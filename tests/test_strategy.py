@@ -152,10 +152,13 @@ def test_eval_loaders_are_sharded(results):
 def test_online_calibration_moves_shares_and_keeps_semantics(results):
     decisions = results[0]["calib_decisions"]
     assert decisions == results[1]["calib_decisions"] and len(decisions) >= 2  # every rank agrees
+    # toward the fast rank: the first move, and where it ends (a later move may undo a plan that
+    # measured slower than one before it, so the path need not be monotone) ...
+    assert decisions[0][1][0] > 8 and decisions[-1][1][0] > 8
     prev = [8, 8]
     for _, sizes in decisions:
-        assert sum(sizes) == 16 and sizes[0] > prev[0]  # toward the fast rank ...
-        assert all(abs(b - p) <= max(1, int(0.15 * p)) for b, p in zip(sizes, prev))  # ... at most 15%
+        assert sum(sizes) == 16
+        assert all(abs(b - p) <= max(1, int(0.15 * p)) for b, p in zip(sizes, prev))  # ... at most 15% a move
         prev = sizes
     seen0, seen1 = results[0]["calib_seen"], results[1]["calib_seen"]
     assert [a + b for a, b in zip(seen0, seen1)] == [16] * 40 and seen0[-1] == decisions[-1][1][0]
