@@ -130,6 +130,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         # mid-epoch resume Lightning's batch_idx no longer counts from the iterator's start.
         self._yielded: deque[tuple[int, int]] = deque()
         self._next_unyielded = 0  # global step index of the next batch __iter__ will produce
+        self._trained = 0  # global step index after the last batch claimed for training (the resume point)
+        self._resume_at: int | None = None  # a restored position: __iter__ of its epoch starts there
         # Schedule of splits: batch sizes in force from a global step on (online calibration
         # appends to it; G stays constant so which samples a step consumes never changes).
         self._starts: list[int] = [0]
@@ -163,12 +165,33 @@ class HeteroBatchSampler(Sampler[list[int]]):
         return self._splits[bisect.bisect_right(self._starts, global_step) - 1]
 
     def state_dict(self) -> dict:
-        return {"starts": list(self._starts), "splits": [list(s) for s in self._splits], "epoch": self.epoch}
+        return {"starts": list(self._starts), "splits": [list(s) for s in self._splits], "epoch": self.epoch,
+                "position": self._trained}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the split schedule and the position: the next epoch iterated at that position
+        starts with the first batch not trained on (a mid-epoch resume replays nothing)."""
         self._starts = list(state["starts"])
         self._splits = [list(s) for s in state["splits"]]
         self.sampler.set_epoch(int(state.get("epoch", self.epoch)))
+        if "position" in state:
+            self.resume_at(int(state["position"]))
+
+    def resume_at(self, position: int) -> None:
+        """Continue from global step ``position`` (epoch ``position // steps_per_epoch()``)."""
+        self._trained = self._next_unyielded = position
+        self._resume_at = position
+
+    def resume_at_samples(self, epoch: int, samples: int) -> None:
+        """Continue ``epoch`` after its first ``samples`` samples, under this sampler's global batch
+        (a run resumed with another world size, hence another G: at most G - 1 samples repeat)."""
+        self.resume_at(epoch * self.steps_per_epoch() + min(samples // self.global_batch, self.steps_per_epoch()))
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, samples of it trained on) after the last claimed batch."""
+        epoch, t = divmod(self._trained, self.steps_per_epoch())
+        return epoch, min(t * self.global_batch, self.num_samples)
 
     # ---- per-step plan ---------------------------------------------------------------
     def steps_per_epoch(self) -> int:
@@ -210,13 +233,21 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if not self._yielded:
             return None
         epoch, t = self._yielded.popleft()
+        self._trained = epoch * self.steps_per_epoch() + t + 1
         return self.plan(t, epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.order()  # (n,)
         ranks = range(len(self._splits[0])) if self.rank is None else (self.rank,)
         self._yielded.clear()
-        for t in range(self.steps_per_epoch()):
+        first = 0
+        if self._resume_at is not None:
+            epoch, first = divmod(self._resume_at, self.steps_per_epoch())
+            if epoch != self.epoch:
+                first = 0
+            if epoch <= self.epoch:
+                self._resume_at = None
+        for t in range(first, self.steps_per_epoch()):
             batches = self._step_batches(t, order)
             self._yielded.append((self.epoch, t))
             self._next_unyielded = self.epoch * self.steps_per_epoch() + t + 1

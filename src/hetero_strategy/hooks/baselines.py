@@ -60,7 +60,7 @@ def cast_hook(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future
     if bucket.is_last():
         state.last_bytes_sent = state.last_bytes_received = state._acc_sent
         state._acc_sent = 0
-    return fut.then(lambda _f: buf.copy_(wire))
+    return comm.then(fut, lambda: buf.copy_(wire))
 
 
 class PowerSGDBaselineState(WeightedReduceState):

@@ -16,13 +16,33 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather", "all_reduce", "completed", "world_size"]
+__all__ = ["all_gather", "all_reduce", "completed", "then", "world_size"]
 
 # NOTE: torch 2.14 renamed all_gather_into_tensor (now deprecated) to all_gather_single
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def then(fut: torch.futures.Future, result: Callable[[], Any]) -> torch.futures.Future:
+    """``fut.then`` for a callback that reads its collective's tensors, not the future's value.
+
+    NOTE: the future's error is raised first: a collective that failed (a dead peer) leaves its
+    output tensors half-written, and decoding them would hand DDP garbage instead of the error.
+    """
+    def run(f: torch.futures.Future) -> Any:
+        value = f.value()  # raises the error of a failed collective
+        if isinstance(value, list):  # collect_all's futures: each one's error too
+            for part in value:
+                if isinstance(part, torch.futures.Future):
+                    part.value()
+        return result()
+
+    return fut.then(run)
 
 
 def world_size(group: dist.ProcessGroup | None) -> int:

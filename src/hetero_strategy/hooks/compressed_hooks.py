@@ -31,7 +31,7 @@ def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str) -> torch
     buf = bucket.buffer()
     fut, sent = comm.all_reduce(buf, state.process_group)
     state._account(bucket, mode, sent, buf.numel())
-    return fut.then(lambda _f: buf)
+    return comm.then(fut, lambda: buf)
 
 
 def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -176,4 +176,4 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
     fut, gathered, sent = comm.all_gather(payload, state.exchange_group)
     state._account(bucket, "onebit", sent, buf.numel())
     dtype = buf.dtype
-    return fut.then(lambda _f: SignCodec.decompress(gathered, sizes).to(dtype))
+    return comm.then(fut, lambda: SignCodec.decompress(gathered, sizes).to(dtype))

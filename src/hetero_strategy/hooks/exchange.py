@@ -103,7 +103,7 @@ def finish_exchange(state, bucket, mode: str, pending: "list[_Pending]") -> torc
     state._account(bucket, "sparse" if sparse_any else mode, sum(p.nbytes for p in pending),
                    sum(p.chunk.sent_entries for p in pending))
 
-    def decode(_f: torch.futures.Future) -> torch.Tensor:
+    def decode() -> torch.Tensor:
         # the bucket's buffer is free again (payloads were copied out): decode into it
         out = buf.zero_() if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
         markers = []
@@ -122,4 +122,4 @@ def finish_exchange(state, bucket, mode: str, pending: "list[_Pending]") -> torc
         out.add_(torch.stack(markers).sum())  # any chunk's NaN marks the whole bucket
         return out.to(dtype)
 
-    return torch.futures.collect_all([f for p in pending for f in p.futs]).then(decode)
+    return comm.then(torch.futures.collect_all([f for p in pending for f in p.futs]), decode)

@@ -103,4 +103,4 @@ def hierarchical_exchange(state, bucket: dist.GradBucket, step: int, mode: str, 
         result = torch.empty_like(buf)
         state._account(bucket, mode, 0, buf.numel())
     work = dist.broadcast(result, src=h.leader, group=h.intra, async_op=True)
-    return work.get_future().then(lambda _f: result)
+    return comm.then(work.get_future(), lambda: result)

@@ -283,3 +283,5 @@ class HeteroRuntime(RuntimeState):
         for key, part in self._parts().items():
             if part is not None and key in self._pending:
                 part.load_state_dict(self._pending.pop(key))
+        if self.sampler is not None and "sampler_position" in self._pending:  # saved under another world
+            self.sampler.resume_at_samples(*self._pending.pop("sampler_position"))

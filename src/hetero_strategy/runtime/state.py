@@ -48,11 +48,24 @@ class RuntimeState:
             self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
                       f"{self.world_size}; batch plan and residuals start fresh")
             return False
-        method = (saved.get("config") or {}).get("compression", {}).get("method")
-        if method is not None and method != self.config.compression.method:
-            raise ConfigError(f"checkpoint compression={method!r} is invalid for this run's compression="
-                              f"{self.config.compression.method!r}: its residuals and hook state belong to "
-                              f"{method!r}; resume with compression={method!r}, or start without the checkpoint")
+        self.check_compatible(saved.get("config"), "checkpoint")
         self.load_state_dict(dict(ranks[self.rank]))
         return True
+
+    def check_compatible(self, record: dict[str, Any] | None, source: str) -> None:
+        """Refuse state saved under another compression method: its residuals mean something else."""
+        method = (record or {}).get("compression", {}).get("method")
+        if method is not None and method != self.config.compression.method:
+            raise ConfigError(f"{source} compression={method!r} is invalid for this run's compression="
+                              f"{self.config.compression.method!r}: its residuals and hook state belong to "
+                              f"{method!r}; resume with compression={method!r}, or start without the checkpoint")
+
+    def load_other_world(self, run: dict[str, Any]) -> None:
+        """Resume a run saved with another world size: the step count, the schedule step and the
+        data position carry over; shares, residuals, calibrator and loss scale start fresh."""
+        self.steps = int(run["steps"])
+        self._pending = {"sampler_position": (int(run["epoch"]), int(run["samples"]))}
+        if run.get("hook_step") is not None:
+            self._pending["hook"] = {"step": int(run["hook_step"])}
+        self._restore_pending()
 

@@ -1,0 +1,296 @@
+"""Periodic, asynchronous, atomic checkpoints of a whole run, one shard per rank.
+
+Layout of ``checkpoint_dir``::
+
+    step_00000040/            complete: DCP metadata and one data file per rank
+    step_00000080.partial/    being written, or cut off by a crash: never read
+
+A save is :func:`torch.distributed.checkpoint.async_save`: the state is copied to host memory
+in the step that saves, then a background thread writes it while training goes on. Model and
+optimizer are replicated, so DCP writes each tensor once, spread over the ranks. Each rank adds
+its own hetero state (residuals, split schedule and sampler position, calibrator, loss scale)
+under its own key, so nothing is gathered on rank 0. Once every rank's data is on disk, DCP's
+coordinator writes the metadata and rank 0 renames the directory. The rename is the commit
+(atomic on POSIX): a crash at any moment leaves the previous complete checkpoint the newest.
+
+A different world size on resume (an elastic restart with fewer or more ranks) keeps the model,
+the optimizer, the step count, the schedule step and the data position; the batch shares are
+planned for the new world and every old rank's error-feedback residuals are dropped, with their
+size logged (docs/reliability.md says why).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from hetero_strategy.config import ConfigError
+from hetero_strategy.runtime.stall import StallError, client_store
+
+__all__ = ["Checkpointer", "Resumed"]
+
+log = logging.getLogger("hetero_strategy")
+
+_COMPLETE = re.compile(r"^step_(\d{8,})$")
+_PARTIAL = ".partial"
+_RUN = "hetero.run"  # replicated: world size, step, data position, config
+_SHARED_STORE = ("hetero: torchrun restarts workers on the rendezvous store of the first attempt, where the "
+                 "restarted ranks can read the previous attempt's addresses and hang or fail to connect at "
+                 "init_process_group (pytorch/pytorch#135712). Launch with --rdzv-backend c10d and "
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts that work (docs/reliability.md)")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a resumed run stands: the checkpoint read, optimizer steps done, the epoch to run."""
+
+    path: Path
+    steps: int
+    epoch: int
+    world_size_saved: int
+
+
+class Checkpointer:
+    """Saves ``model`` and ``optimizer`` with the runtime's state; collective: every rank builds one.
+
+    Args:
+        runtime: the run's :class:`~hetero_strategy.runtime.HeteroRuntime`.
+        directory, every_steps, every_s, keep: default to the ``reliability`` section's
+            ``checkpoint_dir``, ``checkpoint_every_steps``, ``checkpoint_every_s`` and
+            ``keep_checkpoints``.
+
+    Example (bare DDP; ``resume`` is also what an elastic restart runs)::
+
+        ckpt = Checkpointer(runtime, "ckpt", every_steps=100)
+        resumed = ckpt.resume(ddp_model, optimizer)       # None on a fresh start
+        for epoch in range(resumed.epoch if resumed else 0, epochs):
+            loader.batch_sampler.set_epoch(epoch)
+            for batch in loader:
+                ...; runtime.step_end(); ckpt.step_end(ddp_model, optimizer)
+        ckpt.close()                                      # waits for the last write
+    """
+
+    def __init__(self, runtime: Any, directory: str | os.PathLike | None = None, *, every_steps: int | None = None,
+                 every_s: float | None = None, keep: int | None = None) -> None:
+        cfg = runtime.config.reliability
+        directory = directory if directory is not None else cfg.checkpoint_dir
+        if directory is None:
+            raise ConfigError("checkpoint_dir=None is invalid for a Checkpointer: give the directory checkpoints "
+                              "go to (reliability.checkpoint_dir)")
+        self.runtime, self.rank, self.world_size = runtime, runtime.rank, runtime.world_size
+        self.directory = Path(directory)
+        self.every_steps = every_steps if every_steps is not None else cfg.checkpoint_every_steps
+        self.every_s = every_s if every_s is not None else cfg.checkpoint_every_s
+        self.keep = keep if keep is not None else cfg.keep_checkpoints
+        self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # NOTE: DCP's async write runs collectives from its own thread: a group of its own keeps
+        # them from interleaving with the training step's on the default group
+        self._group = dist.new_group(backend="gloo") if self._distributed else None
+        self._future: Any = None
+        self._writing: Path | None = None
+        self._committed = threading.Event()
+        self._commit_error: OSError | None = None
+        self._last_save = time.monotonic()
+        # time-based saves: rank 0's clock decides, the step is agreed through the rendezvous store
+        self._store = client_store(5.0) if self._distributed and self.every_s is not None else None
+        self._prefix = f"hetero/ckpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._announced: int | None = None
+        self._timed_saves = 0
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(f"step_*{_PARTIAL}"):  # a crash's leftovers
+                shutil.rmtree(stale, ignore_errors=True)
+            if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 \
+                    and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                runtime.warn(_SHARED_STORE)
+        self._barrier()
+
+    # ---- saving ----------------------------------------------------------------------
+    def step_end(self, model: Any, optimizer: Any, step: int | None = None) -> bool:
+        """After an optimizer step: commit a finished write, and save when due (True if it did)."""
+        if self._future is not None and self._future.done():
+            self.wait()
+        step = self.runtime.steps if step is None else step  # steps done, after runtime.step_end
+        if not self.due(step):
+            return False
+        self.save(model, optimizer, step)
+        return True
+
+    def due(self, steps: int) -> bool:
+        """The same answer on every rank, after ``steps`` optimizer steps."""
+        by_steps = self.every_steps is not None and steps > 0 and steps % self.every_steps == 0
+        return self._time_due(steps) or by_steps
+
+    def _time_due(self, steps: int) -> bool:
+        if self.every_s is None:
+            return False
+        if not self._distributed or self._store is None:
+            return time.monotonic() - self._last_save >= self.every_s
+        key = f"{self._prefix}{self._timed_saves}"
+        if self.rank == 0 and self._announced is None and time.monotonic() - self._last_save >= self.every_s:
+            # NOTE: two steps ahead: no rank can finish step s + 1 before rank 0 finished step s
+            # (its exchange needs rank 0's gradient), so every rank reads the key in time
+            self._announced = steps + 2
+            self._store.set(key, str(self._announced))
+        if self._announced is None and self._store.check([key]):
+            self._announced = int(self._store.get(key))
+        if self._announced != steps:
+            return False
+        self._announced = None
+        self._timed_saves += 1
+        return True
+
+    def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
+        """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""
+        self.wait()  # one write in flight at a time
+        step = self.runtime.steps if step is None else step
+        final = self.directory / f"step_{step:08d}"
+        self._writing = final.with_name(final.name + _PARTIAL)
+        state = self._state(model, optimizer)
+        with self.runtime.phase("checkpoint"):
+            self._future = dcp.async_save(state, checkpoint_id=self._writing, process_group=self._group,
+                                          no_dist=not self._distributed)
+        self._committed = threading.Event()
+        # NOTE: rank 0 commits from the writer thread the moment DCP's metadata is down, not at
+        # its next step: a job killed meanwhile keeps the checkpoint
+        self._future.add_done_callback(lambda f, w=self._writing, done=self._committed: self._commit(f, w, done))
+        self._last_save = time.monotonic()
+        return final
+
+    def wait(self) -> None:
+        """Finish the write in flight (rank 0 has then committed it); a failed write raises here."""
+        if self._future is None:
+            return
+        future, committed = self._future, self._committed
+        self._future = self._writing = None
+        future.result()
+        committed.wait()
+        if self._commit_error is not None:
+            error, self._commit_error = self._commit_error, None
+            raise error
+
+    def _commit(self, future: Any, writing: Path, done: threading.Event) -> None:
+        """Rank 0: rename the written directory to its final name, then drop the oldest beyond ``keep``."""
+        try:
+            if self.rank == 0 and future.exception() is None:
+                final = writing.with_name(writing.name.removesuffix(_PARTIAL))
+                if final.exists():  # the same step saved again after a restart
+                    shutil.rmtree(final)
+                os.replace(writing, final)
+                for old in self.complete()[:-self.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:
+            self._commit_error = e
+        finally:
+            done.set()
+
+    def close(self) -> None:
+        """Wait for the last write (the end of training)."""
+        self.wait()
+        self._store = None
+
+    def _state(self, model: Any, optimizer: Any) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else optimizer)
+        mine = self.runtime.state_dict()
+        sampler = self.runtime.sampler
+        epoch, samples = sampler.position if sampler is not None else (0, 0)
+        run = {"world_size": self.world_size, "steps": self.runtime.steps, "epoch": epoch, "samples": samples,
+               "hook_step": (mine.get("hook") or {}).get("step"), "config": self.runtime.config.to_record()}
+        return {"model": model_sd, "optim": optim_sd, _RUN: _blob(run), f"hetero.rank{self.rank}": _blob(mine),
+                f"hetero.lost{self.rank}": _blob(_residual_size(mine.get("hook") or {}))}
+
+    # ---- resuming --------------------------------------------------------------------
+    def complete(self) -> list[Path]:
+        """Complete checkpoints in the directory, oldest first."""
+        found = [p for p in self.directory.iterdir() if p.is_dir() and _COMPLETE.match(p.name)]
+        return sorted(found, key=lambda p: int(_COMPLETE.match(p.name).group(1)))
+
+    def resume(self, model: Any, optimizer: Any) -> Resumed | None:
+        """Load the newest complete checkpoint into ``model``, ``optimizer`` and the runtime
+        (collective); None when there is none or ``resume="never"``."""
+        if self.runtime.config.reliability.resume == "never":
+            return None
+        newest = [str(self.complete()[-1]) if self.complete() else None]
+        if self._distributed:  # rank 0's listing, so every rank reads the same one
+            dist.broadcast_object_list(newest, src=0, group=self._group)
+        if newest[0] is None:
+            return None
+        path = Path(newest[0])
+        try:
+            keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+            return self._load(path, keys, model, optimizer)
+        except (ConfigError, StallError):
+            raise
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - a damaged file, said in one line
+            cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP wraps each rank's error
+            first = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
+            raise ConfigError(f"checkpoint {str(path)!r} is invalid: it cannot be read ({first}); it is cut off or "
+                              "not a hetero_strategy checkpoint. Delete it to resume from the one before, or set "
+                              "resume='never' to start fresh") from None
+
+    def _load(self, path: Path, keys: Any, model: Any, optimizer: Any) -> Resumed:
+        saved_world = sum(1 for k in keys if k.startswith("hetero.rank"))
+        model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _RUN: None}
+        same = saved_world == self.world_size
+        if same:
+            state[f"hetero.rank{self.rank}"] = None
+        elif self.rank == 0:
+            state.update({f"hetero.lost{r}": None for r in range(saved_world)})
+        with self.runtime.phase("checkpoint"):
+            dcp.load(state, checkpoint_id=path, process_group=self._group, no_dist=not self._distributed)
+        run = _unblob(state[_RUN])
+        self.runtime.check_compatible(run["config"], f"checkpoint {path}")  # before anything is overwritten
+        set_state_dict(model, [] if optimizer is None else optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        if same:
+            self.runtime.load_state_dict(_unblob(state[f"hetero.rank{self.rank}"]))
+        else:
+            self.runtime.load_other_world(run)
+            if self.rank == 0:
+                self._say_dropped(run, [_unblob(state[f"hetero.lost{r}"]) for r in range(saved_world)])
+        epoch = self.runtime.sampler.position[0] if self.runtime.sampler is not None else run["epoch"]
+        self.runtime.info(f"hetero: resumed from {path} after {run['steps']} steps (epoch {epoch})")
+        return Resumed(path, int(run["steps"]), int(epoch), saved_world)
+
+    def _say_dropped(self, run: dict, lost: list[dict]) -> None:
+        values = sum(x["values"] for x in lost)
+        l1 = sum(x["l1"] for x in lost)
+        self.runtime.warn(f"hetero: checkpoint of {run['world_size']} ranks resumed on {self.world_size}: batch "
+                          f"shares are planned for the new world and the error-feedback residuals of all "
+                          f"{run['world_size']} old ranks are dropped ({values} values, L1 norm {l1:.6g})")
+
+    def _barrier(self) -> None:
+        if self._distributed:
+            dist.barrier(group=self._group)
+
+
+def _blob(obj: Any) -> bytes:
+    """An opaque leaf for DCP (it would flatten a dict into keys it must know before loading)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _unblob(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _residual_size(hook: dict) -> dict[str, float]:
+    """How much error feedback a rank holds: residual values and their L1 norm (PowerSGD's errors too)."""
+    tensors = [*(hook.get("residuals") or {}).values(), *((hook.get("powersgd") or {}).get("error_dict") or {}).values()]
+    return {"values": sum(t.numel() for t in tensors), "l1": float(sum(t.abs().sum() for t in tensors))}

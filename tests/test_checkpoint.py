@@ -1,0 +1,165 @@
+"""Periodic async checkpoints and elastic restart (runtime/checkpoint.py) on bare DDP.
+
+The oracle of a resumed run is the same job run without a failure (tests/scripts/elastic_fit.py):
+its final weights must be bitwise equal, and what a resume restores must equal what was saved.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import free_port, launch_env, run_command
+from oracle import make_data, make_net
+from torch.utils.data import DataLoader
+
+from hetero_strategy.config import ConfigError, HeteroConfig
+from hetero_strategy.runtime import HeteroRuntime
+from hetero_strategy.runtime.checkpoint import Checkpointer
+
+SCRIPT = Path(__file__).parent / "scripts" / "elastic_fit.py"
+BIN = Path(sys.executable).parent
+
+
+def _torchrun(out: Path, *args: str, ranks: int = 2, restarts: int = 0) -> str:
+    """The job as docs/reliability.md launches it: c10d rendezvous, a store per attempt."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = launch_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    cmd = [str(BIN / "torchrun"), "--nproc-per-node", str(ranks), "--max-restarts", str(restarts),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(SCRIPT), str(out), *args]
+    rc, log = run_command(cmd, env=env, timeout=240)
+    assert rc == 0, log[-5000:]
+    return log
+
+
+def _weights(run: Path, rank: int) -> list[torch.Tensor]:
+    return torch.load(run / f"final_rank{rank}.pt")["weights"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    _torchrun(out)
+    return out
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    for rank in (0, 1):
+        for x, y in zip(_weights(a, rank), _weights(b, rank), strict=True):
+            assert torch.equal(x, y), (rank, (x - y).abs().max())
+
+
+def test_a_rank_killed_mid_epoch_restarts_and_ends_with_the_uninterrupted_weights(uninterrupted, tmp_path):
+    log = _torchrun(tmp_path, "--kill-rank", "1", "--kill-after", "10", restarts=2)
+    assert "exitcode: -9" in log.replace("  ", " ") or "exitcode  : -9" in log  # rank 1 really died
+    _assert_same_weights(uninterrupted, tmp_path)
+    for rank in (0, 1):
+        resumed = torch.load(tmp_path / f"resumed_rank{rank}.pt")
+        saved = torch.load(tmp_path / f"saved_8_rank{rank}.pt")["state"]
+        assert (resumed["steps"], resumed["epoch"], resumed["position"]) == (8, 1, (1, 32))  # 8 steps of 6/epoch
+        assert resumed["state"]["sampler"] == saved["sampler"]  # the split schedule, with the re-split at 5
+        assert resumed["state"]["sampler"]["splits"] == [[6, 10], [10, 6]]
+        got, want = resumed["state"]["hook"]["residuals"], saved["hook"]["residuals"]
+        assert want and got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want) and any(want[k].abs().sum() > 0 for k in want)
+
+
+def test_a_crash_inside_a_checkpoint_write_resumes_from_the_one_before(uninterrupted, tmp_path):
+    _torchrun(tmp_path, "--crash-in-write", "8", restarts=1)
+    for rank in (0, 1):
+        assert torch.load(tmp_path / f"resumed_rank{rank}.pt")["steps"] == 4  # step 8's write never completed
+    _assert_same_weights(uninterrupted, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000012", "step_00000016"]
+
+
+def test_another_world_size_replans_and_drops_the_residuals_with_their_count(uninterrupted, tmp_path):
+    shutil.copytree(uninterrupted / "ckpt", tmp_path / "ckpt")
+    log = _torchrun(tmp_path, "--steps", "19", ranks=3)
+    saved = [torch.load(uninterrupted / f"saved_16_rank{r}.pt")["state"]["hook"]["residuals"] for r in (0, 1)]
+    values = sum(t.numel() for res in saved for t in res.values())
+    assert "checkpoint of 2 ranks resumed on 3" in log and f"({values} values" in log, log[-3000:]
+    for rank in range(3):
+        resumed = torch.load(tmp_path / f"resumed_rank{rank}.pt")
+        # 16 steps of G=16 = 2 epochs of 96 and 64 samples; G=15 goes on after 4 whole batches (60)
+        assert (resumed["steps"], resumed["epoch"], resumed["position"]) == (16, 2, (2, 60))
+        assert resumed["state"]["hook"]["residuals"] == {}
+        assert resumed["saved_world"] == 2 and resumed["split"] == [4, 5, 6]  # the new world's plan
+    ref = torch.load(uninterrupted / "final_rank0.pt")["weights"]
+    for x, y in zip(ref, torch.load(tmp_path / "resumed_rank2.pt")["weights"], strict=True):
+        assert torch.equal(x, y)  # a new rank starts from the saved model
+
+
+# ---- one process: the files themselves ------------------------------------------------------
+def _one_process(tmp_path: Path, **kw):
+    config = HeteroConfig.from_flat(batch_sizes=[8], checkpoint_dir=str(tmp_path / "ckpt"), **kw)
+    runtime = HeteroRuntime(config, 0, 1)
+    loader = runtime.train_loader(DataLoader(make_data(32), batch_size=8, shuffle=True), seed=0)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    return runtime, loader, net, opt
+
+
+def _train(runtime, loader, net, opt, ckpt, steps: int) -> None:
+    for _, (x, y) in zip(range(steps), loader):
+        runtime.batch_start()
+        torch.nn.functional.mse_loss(net(x).squeeze(1), y).backward()
+        opt.step()
+        opt.zero_grad()
+        runtime.step_end()
+        ckpt.step_end(net, opt)
+
+
+def test_keeps_the_newest_complete_checkpoints_and_removes_a_crashs_leftovers(tmp_path):
+    (tmp_path / "ckpt" / "step_00000099.partial").mkdir(parents=True)
+    runtime, loader, net, opt = _one_process(tmp_path, checkpoint_every_steps=1, keep_checkpoints=2,
+                                             checkpoint_every_s=None)
+    ckpt = Checkpointer(runtime)
+    assert not (tmp_path / "ckpt" / "step_00000099.partial").exists()
+    _train(runtime, loader, net, opt, ckpt, 4)
+    ckpt.close()
+    assert [p.name for p in ckpt.complete()] == ["step_00000003", "step_00000004"]
+
+
+def test_a_resume_restores_the_model_optimizer_and_position_of_one_process(tmp_path):
+    runtime, loader, net, opt = _one_process(tmp_path, checkpoint_every_steps=3, checkpoint_every_s=None)
+    ckpt = Checkpointer(runtime)
+    _train(runtime, loader, net, opt, ckpt, 3)
+    ckpt.close()
+    saved = [p.detach().clone() for p in net.parameters()]
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in net.parameters()]
+    _train(runtime, loader, net, opt, ckpt, 1)  # moves on past the checkpoint
+    runtime2, loader2, net2, opt2 = _one_process(tmp_path)
+    resumed = Checkpointer(runtime2).resume(net2, opt2)
+    assert (resumed.steps, resumed.epoch, runtime2.sampler.position) == (3, 0, (0, 24))
+    assert all(torch.equal(a, b) for a, b in zip(saved, net2.parameters()))
+    assert all(torch.equal(m, opt2.state[p]["momentum_buffer"]) for m, p in zip(momentum, net2.parameters()))
+    first = next(iter(loader2))[1]  # the 4th batch of the shuffled epoch: samples 24..31 of its order
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(first, make_data(32).tensors[1][order[24:32]])
+
+
+def test_time_based_saves(tmp_path):
+    runtime, loader, net, opt = _one_process(tmp_path, checkpoint_every_s=1e-6)
+    ckpt = Checkpointer(runtime)
+    _train(runtime, loader, net, opt, ckpt, 2)
+    ckpt.close()
+    assert [p.name for p in ckpt.complete()] == ["step_00000001", "step_00000002"]
+
+
+def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(tmp_path):
+    runtime, loader, net, opt = _one_process(tmp_path, checkpoint_every_steps=1, checkpoint_every_s=None)
+    ckpt = Checkpointer(runtime)
+    _train(runtime, loader, net, opt, ckpt, 1)
+    ckpt.close()
+    other, _, net2, opt2 = _one_process(tmp_path, compression="topk")
+    with pytest.raises(ConfigError, match=r"compression='none' is invalid for this run's compression='topk'"):
+        Checkpointer(other).resume(net2, opt2)
+    data = next((tmp_path / "ckpt" / "step_00000001").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:40])  # cut off
+    runtime3, _, net3, opt3 = _one_process(tmp_path)
+    with pytest.raises(ConfigError, match=r"step_00000001' is invalid: it cannot be read .*Delete it") as e:
+        Checkpointer(runtime3).resume(net3, opt3)
+    assert "\n" not in str(e.value)
