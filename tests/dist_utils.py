@@ -131,7 +131,7 @@ def _context() -> Any:
     a test that needs a process without Lightning runs its own interpreter (subprocess).
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "lightning.pytorch", "hetero_strategy"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "lightning.pytorch", "accelerate", "hetero_strategy"])
     return ctx
 
 

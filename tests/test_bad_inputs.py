@@ -44,7 +44,9 @@ CONFIG = {
     "keep_fp32": ("LayerNorm", "keep_fp32='LayerNorm'"), "init_scale": (0, "init_scale=0"),
     "growth_factor": (0.5, "growth_factor=0.5"), "backoff_factor": (1.0, "backoff_factor=1.0"),
     "growth_interval": (0, "growth_interval=0"), "nonfinite": ("ignore", "nonfinite='ignore'"),
-    "stall_timeout_s": (0, "stall_timeout_s=0"),
+    "stall_timeout_s": (0, "stall_timeout_s=0"), "checkpoint_dir": ("", "checkpoint_dir=''"),
+    "checkpoint_every_steps": (0, "checkpoint_every_steps=0"), "checkpoint_every_s": (-1, "checkpoint_every_s=-1"),
+    "keep_checkpoints": (0, "keep_checkpoints=0"), "resume": ("always", "resume='always'"),
 }
 
 # flags -> what the output must name; nothing may start (see _no_work)
@@ -219,3 +221,11 @@ def test_a_bad_flag_is_refused_before_any_work(argv, needle):
     assert code == 2, text
     assert needle in text, text
     assert "Traceback" not in text, text
+
+
+def test_lightning_refuses_checkpoint_dir_and_says_what_works_there():
+    from hetero_strategy import HeteroStrategy
+
+    with pytest.raises(ConfigError) as e:
+        HeteroStrategy(checkpoint_dir="ckpt")
+    _assert_clear(e.value, "checkpoint_dir='ckpt'", "ModelCheckpoint", "ckpt_path='last'")

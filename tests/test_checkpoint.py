@@ -163,3 +163,47 @@ def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"step_00000001' is invalid: it cannot be read .*Delete it") as e:
         Checkpointer(runtime3).resume(net3, opt3)
     assert "\n" not in str(e.value)
+
+
+# ---- Accelerate: HeteroPlugin(checkpoint_dir=...) saves and resumes by itself ------------------
+def _accelerate_fit(rank: int, world: int, ckpt_dir: str, stop_after: int | None) -> dict | None:
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    acc = Accelerator(cpu=True)
+    plugin = HeteroPlugin(batch_sizes=[6, 10], compression="topk", base_density=0.25, dense_warmup_steps=2,
+                          dense_fallback=False, checkpoint_dir=ckpt_dir, checkpoint_every_steps=4,
+                          checkpoint_every_s=None)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5)
+    model, opt, sched, loader = plugin.prepare(acc, net, opt, sched,
+                                               DataLoader(make_data(96), batch_size=8, shuffle=True), max_steps=8)
+    resumed = None if plugin.resumed is None else (plugin.resumed.steps, plugin.resumed.epoch)
+    while plugin.runtime.steps < 8:
+        for x, y in loader:
+            plugin.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            if plugin.runtime.steps == stop_after:
+                plugin.checkpoints.wait()  # the step-4 checkpoint is on disk; this job then dies
+                return None
+            if plugin.runtime.steps == 8:
+                break
+    plugin.close()
+    return {"weights": [p.detach().clone() for p in net.parameters()], "lr": sched.get_last_lr(),
+            "resumed": resumed}
+
+
+def test_accelerate_plugin_checkpoints_periodically_and_resumes_exactly(tmp_path):
+    from dist_utils import run_distributed
+
+    whole = run_distributed(_accelerate_fit, 2, str(tmp_path / "whole"), None, timeout=180)
+    run_distributed(_accelerate_fit, 2, str(tmp_path / "cut"), 6, timeout=180)
+    resumed = run_distributed(_accelerate_fit, 2, str(tmp_path / "cut"), None, timeout=180)
+    for a, b in zip(whole, resumed, strict=True):
+        assert b["resumed"] == (4, 0) and a["resumed"] is None  # 4 of the 6 steps an epoch, from step 4
+        assert a["lr"] == b["lr"] == [0.05 * 0.5 ** 2]  # the scheduler came back too
+        assert all(torch.equal(x, y) for x, y in zip(a["weights"], b["weights"], strict=True))

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from dist_utils import launch_env
 
 from hetero_strategy.emulate import ClusterSpec, EmulatedCluster, EmulatorError, leftovers
 from hetero_strategy.emulate.system import cgroup_cpu_root
@@ -235,20 +236,60 @@ def test_cli_cleans_up_after_a_killed_rank_sigterm_and_ctrl_c():
         proc.kill()
 
 
+_TOOLS = {  # a command that starts ranks on an emulated cluster, and the signal it gets
+    "demo": (["demo", "--compute", "1.0,0.5", "--batch", "8", "--steps", "500", "--measure", "2"], signal.SIGTERM),
+    "bench": (["bench", "balance", "--compute", "1.0,0.5", "--trainings", "ddp", "--rounds", "1", "--steps", "500",
+               "--measure", "2", "--batch", "8", "--framework", "ddp", "--json", os.devnull], signal.SIGHUP),
+    "emulate": (["emulate", "--no-measure", "--compute", "1.0,0.5", "--", PY, "-c", "import time; time.sleep(120)"],
+                signal.SIGHUP),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("tool", list(_TOOLS))
+def test_a_signalled_tool_stops_its_ranks_and_removes_its_cluster(tool):
+    argv, sig = _TOOLS[tool]
+    proc = subprocess.Popen([PY, "-m", "hetero_strategy.cli", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _rank_pids(proc.pid, 0, timeout=90)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig, proc.stderr.read()[-2000:]
+        assert _owned_by(proc.pid) == []
+        time.sleep(0.2)
+        assert not any(_running(p) for p in ranks)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_profile_ends_on_ctrl_c_with_the_usual_code():
+    proc = subprocess.Popen([PY, "-m", "hetero_strategy.cli", "profile", "--budget", "30", "--matmul-n", "64"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=launch_env())
+    try:
+        time.sleep(4)  # inside its probes
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert "interrupted" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @needs_root
 def test_stale_objects_of_a_sigkilled_emulate_are_cleaned_by_the_next():
     proc = _start_cli()
     orphans = _rank_pids(proc.pid, 1)
-    proc.kill()  # SIGKILL: no chance to clean up; ranks and namespaces stay behind
+    proc.kill()  # SIGKILL: no chance to clean up; namespaces and cgroups stay behind
     proc.wait(timeout=10)
+    time.sleep(0.5)
+    assert not any(_running(p) for p in orphans)  # the ranks died with it (PR_SET_PDEATHSIG)
     assert _owned_by(proc.pid)
     with EmulatedCluster(compute=[1.0], measure=False) as cluster:
         assert any(f"hsem-{proc.pid}-" in x for x in cluster.stale_removed)
         res = cluster.run([PY, "-c", "print('ok')"], timeout=30)
         assert res.ok
     assert _owned_by(proc.pid) == []
-    time.sleep(0.2)
-    assert not any(_running(p) for p in orphans)
 
 
 def _running(pid: int) -> bool:

@@ -84,6 +84,19 @@ def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     out["resume_weights"] = [p.detach().clone() for p in resumed.net.parameters()]
     out["ckpt_ranks"] = len(torch.load(ckpt, weights_only=False)["hetero_strategy"]["ranks"])
 
+    # Checkpoint mid-epoch (3 of 6 steps), resume: the epoch goes on with its 4th batch, not its 1st.
+    data96 = make_data(96)
+    model = Regressor()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[6, 10]), max_steps=3, **trainer_kwargs())
+    trainer.fit(model, loader(data96, 8, shuffle=True))
+    ckpt = os.path.join(tmp, "mid_epoch.ckpt")
+    trainer.save_checkpoint(ckpt)
+    resumed = Regressor()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[6, 10]), max_steps=8, **trainer_kwargs())
+    trainer.fit(resumed, loader(data96, 8, shuffle=True), ckpt_path=ckpt)
+    out["mid_epoch_seen"] = resumed.seen
+    out["mid_epoch_weights"] = [p.detach().clone() for p in resumed.net.parameters()]
+
     # Online calibration from equal shares: the split moves, the samples and the result do not.
     model = _SlowRank1()
     strategy = HeteroStrategy(batch_sizes=[8, 8], calibrate=True, cold_start_steps=0, recalibrate_every=5,
@@ -142,6 +155,14 @@ def test_resume_restores_split_and_matches_uninterrupted_run(results):
     oracle = one_process_sgd(make_data(32), 16, 4, shuffle=True)
     for r in results:
         for got, want in zip(r["resume_weights"], oracle.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_mid_epoch_resume_goes_on_with_the_next_unseen_batch(results):
+    assert results[0]["mid_epoch_seen"] == [6] * 5  # steps 3..7 only: nothing of the epoch replayed
+    oracle = one_process_sgd(make_data(96), 16, 8, shuffle=True)
+    for r in results:
+        for got, want in zip(r["mid_epoch_weights"], oracle.parameters()):
             torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
 
 

@@ -35,7 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
-    return int(args._run(args) or 0)
+    from hetero_strategy.commands.signals import stopping_on_signals
+
+    try:
+        with stopping_on_signals():  # every command's ranks and emulated cluster go on SIGTERM/INT/HUP
+            return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"hetero-strategy {args.command}: interrupted; its ranks were stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,9 +24,12 @@ class HeteroDataLoader:
     def __init__(self, loader: Any, runtime: HeteroRuntime) -> None:
         self.loader = loader
         self.runtime = runtime
+        self.before_batch: Callable[[], None] | None = None  # a due checkpoint, between two steps
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
+            if self.before_batch is not None:
+                self.before_batch()
             self.runtime.batch_start()
             yield batch
 
@@ -34,7 +37,7 @@ class HeteroDataLoader:
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "runtime"):  # not set yet (e.g. while unpickling): no recursion
+        if name in ("loader", "runtime", "before_batch"):  # not set yet (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 

@@ -38,6 +38,7 @@ from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, p
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
+from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
 from hetero_strategy.runtime.loaders import train_loader_batch_size
 
 __all__ = ["HeteroPlugin"]
@@ -76,6 +77,10 @@ class HeteroPlugin:
         self.accelerator: Any = None
         self.last_metrics: dict[str, float] = {}
         self._optimizers: list[Any] = []
+        self.checkpoints: Checkpointer | None = None
+        self.resumed: Resumed | None = None  # where prepare() resumed from (checkpoint_dir, resume="auto")
+        self._save_due = False
+        self._model: Any = None
 
     # ---- prepare -------------------------------------------------------------------------
     def prepare(self, accelerator: Any, *objects: Any, loss_fn: LossFn | None = None,
@@ -120,8 +125,29 @@ class HeteroPlugin:
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
         accelerator.register_for_checkpointing(_Checkpoint(self.runtime))
+        self._model = model
+        if self.config.reliability.checkpoint_dir is not None:
+            self._resume(prepared, loader)
         prepared.insert(train_index, loader)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _resume(self, prepared: list[Any], loader: HeteroDataLoader) -> None:
+        """Periodic checkpoints of model, optimizers, schedulers and hetero state, and resume="auto"."""
+        from accelerate.scheduler import AcceleratedScheduler
+
+        schedulers = [o.scheduler for o in prepared if isinstance(o, AcceleratedScheduler)]
+        self.checkpoints = Checkpointer(self.runtime, stateful={f"scheduler{i}": s for i, s in enumerate(schedulers)})
+        self.resumed = self.checkpoints.resume(self._model, self._optimizers)
+        if self.resumed is not None:
+            loader.set_epoch(self.resumed.epoch)  # Accelerate's own epoch counter starts there
+        loader.before_batch = self._save_if_due
+
+    def _save_if_due(self) -> None:
+        # NOTE: saved when the next batch is handed out: the scheduler stepped and the step's
+        # gradients are gone, so the checkpoint is the state between two iterations
+        if self._save_due:
+            self._save_due = False
+            self.checkpoints.save(self._model, self._optimizers)
 
     def _train_loader(self, loader: DataLoader, model: Any, loss_fn: LossFn | None) -> HeteroDataLoader:
         accelerator = self.accelerator
@@ -215,6 +241,8 @@ class HeteroPlugin:
 
     def _after_step(self) -> None:
         self.runtime.step_end()
+        if self.checkpoints is not None:
+            self._save_due = self.checkpoints.poll()
         step = self.runtime.steps - 1
         # log_with is the same on every rank (trackers live on the main process only), so every
         # rank joins the metrics' all-gather at the same steps.
@@ -225,6 +253,9 @@ class HeteroPlugin:
 
     def close(self) -> None:
         """The end of training: stop the stall heartbeat (call before ``accelerator.end_training()``)."""
+        if self.checkpoints is not None:
+            self._save_if_due()  # the last step's checkpoint, when one was due
+            self.checkpoints.close()
         if self.runtime is not None:
             self.runtime.close()
 

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from hetero_strategy.commands.flags import choices_list, count, number
+from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
 
@@ -52,13 +53,15 @@ def _launch(mode: str, model: str, args: argparse.Namespace, out: Path) -> list[
            "-m", _WORKER, mode, model, str(args.steps), str(args.batch), str(out)]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509
     try:
         log, _ = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # the launcher and both ranks
-        proc.communicate()
         raise RuntimeError(f"{mode}/{model} did not finish within {args.timeout:.0f} s") from None
+    finally:
+        if proc.poll() is None:  # a timeout, or SIGTERM/SIGINT/SIGHUP of the bench: the launcher and both ranks
+            os.killpg(proc.pid, 9)
+            proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"{mode}/{model} failed ({proc.returncode}):\n{log[-3000:]}")
     return json.loads(out.read_text())["step_s"]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hetero_strategy.cluster.tiers import parse_rate
 from hetero_strategy.commands.flags import count, number, rates
+from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
 
@@ -64,7 +65,7 @@ def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
                  LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         e.pop("HETERO_TIER", None)
         e.update(env or {})
-        procs.append(subprocess.Popen([*(worker or _WORKER), *args], env=e))
+        procs.append(subprocess.Popen([*(worker or _WORKER), *args], env=e, preexec_fn=die_with_parent))  # noqa: PLW1509
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:

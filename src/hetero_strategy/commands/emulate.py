@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
 
 from hetero_strategy.commands.flags import count, number, rates, shares
 
@@ -60,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]emulate: {e}")
         return 2
-    # SIGTERM and Ctrl-C must unwind through the `with` below so that everything is removed.
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # NOTE: SIGTERM, SIGHUP and Ctrl-C unwind through the `with` below (commands/signals.py)
     try:
         with cluster:
             for name in cluster.stale_removed:
@@ -87,9 +84,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]emulate: interrupted; every rank stopped and the cluster removed")
         return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _resolve(args, parse_float_list, parse_link_list):
@@ -116,14 +110,3 @@ def _resolve(args, parse_float_list, parse_link_list):
         raise ValueError(f"--compute={args.compute!r} is invalid: give 1 factor or {n} (one per rank of {where})")
     latency = parse_float_list(args.latency, "--latency") if args.latency else None
     return compute, parse_link_list(args.link), latency, nodes
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    from hetero_strategy.emulate.launch import request_stop
-
-    # NOTE: the exception raised here can be swallowed by CPython when the signal lands in an
-    # at-fork hook; request_stop() makes the rank watcher raise it again.
-    request_stop(signum)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    sys.exit(128 + signum)

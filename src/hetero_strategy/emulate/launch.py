@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from hetero_strategy.emulate.throttle import DutyCycle
 
-__all__ = ["RankProcess", "RunResult", "request_stop", "supervise"]
+__all__ = ["RankProcess", "RunResult", "die_with_parent", "request_stop", "supervise"]
 
 _POLL_S = 0.05
 _TERM_GRACE_S = 3.0
@@ -96,7 +97,7 @@ def _spawn_all(ranks: Sequence[RankProcess], logs: list, procs: list[subprocess.
     is printed and dropped by CPython ("Exception ignored in _releaseLock"): Ctrl-C would be lost
     and the launcher would wait on. Held signals are delivered right after the last fork.
     """
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         for i, r in enumerate(ranks):
@@ -112,9 +113,21 @@ def _spawn_all(ranks: Sequence[RankProcess], logs: list, procs: list[subprocess.
 def _child_setup(preexec: Callable[[], None] | None, held: set) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec; the mask would survive exec
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        die_with_parent()
         if preexec is not None:
             preexec()
     return setup
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the kernel SIGKILLs this rank when its launcher dies, even by SIGKILL.
+
+    NOTE: it survives the exec of ``ip netns exec`` and of the rank itself (neither is set-uid).
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: stale clean-up still applies
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _watch(procs: list[subprocess.Popen], deadline: float, result: RunResult) -> None:

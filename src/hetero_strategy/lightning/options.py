@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_strategy.config import ConfigError
 
-__all__ = ["check_ddp_kwargs", "dropping_nonfinite", "max_steps_of"]
+__all__ = ["check_checkpoint_dir", "check_ddp_kwargs", "dropping_nonfinite", "max_steps_of"]
 
 
 def max_steps_of(trainer: Any) -> int | Any | None:
@@ -33,6 +33,16 @@ def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
         if key not in known or key in ("self", "module", "kwargs"):
             raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroStrategy takes the fields of "
                               "HeteroConfig plus DDPStrategy/DistributedDataParallel keywords")
+
+
+def check_checkpoint_dir(config: Any) -> None:
+    """Lightning schedules and writes its own checkpoints; periodic DCP checkpoints are not wired here yet."""
+    directory = config.reliability.checkpoint_dir
+    if directory is not None:
+        raise ConfigError(f"checkpoint_dir={directory!r} is invalid with HeteroStrategy: Lightning saves "
+                          "checkpoints itself. Use ModelCheckpoint(every_n_train_steps=... or train_time_interval="
+                          "...) and Trainer.fit(ckpt_path='last'): every rank's hetero state (residuals, shares, "
+                          "data position) rides in them; checkpoint_dir is for HeteroPlugin and bare DDP")
 
 
 def dropping_nonfinite(closure: Callable[[], Any], optimizer: Any, runtime: Any) -> Callable[[], Any]:

@@ -41,7 +41,12 @@ from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
-from hetero_strategy.lightning.options import check_ddp_kwargs, dropping_nonfinite, max_steps_of
+from hetero_strategy.lightning.options import (
+    check_checkpoint_dir,
+    check_ddp_kwargs,
+    dropping_nonfinite,
+    max_steps_of,
+)
 from hetero_strategy.lightning.probe import probe_lightning_module
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
@@ -110,6 +115,7 @@ class HeteroStrategy(DDPStrategy):
             flat["compression"] = compression
         self.hetero_config = HeteroConfig.resolve(config, flat)
         check_ddp_kwargs(kwargs)
+        check_checkpoint_dir(self.hetero_config)
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "

@@ -85,13 +85,14 @@ class Checkpointer:
     """
 
     def __init__(self, runtime: Any, directory: str | os.PathLike | None = None, *, every_steps: int | None = None,
-                 every_s: float | None = None, keep: int | None = None) -> None:
+                 every_s: float | None = None, keep: int | None = None, stateful: dict[str, Any] | None = None) -> None:
         cfg = runtime.config.reliability
         directory = directory if directory is not None else cfg.checkpoint_dir
         if directory is None:
             raise ConfigError("checkpoint_dir=None is invalid for a Checkpointer: give the directory checkpoints "
                               "go to (reliability.checkpoint_dir)")
         self.runtime, self.rank, self.world_size = runtime, runtime.rank, runtime.world_size
+        self.stateful = dict(stateful or {})  # e.g. LR schedulers: anything with state_dict/load_state_dict
         self.directory = Path(directory)
         self.every_steps = every_steps if every_steps is not None else cfg.checkpoint_every_steps
         self.every_s = every_s if every_s is not None else cfg.checkpoint_every_s
@@ -121,14 +122,18 @@ class Checkpointer:
 
     # ---- saving ----------------------------------------------------------------------
     def step_end(self, model: Any, optimizer: Any, step: int | None = None) -> bool:
-        """After an optimizer step: commit a finished write, and save when due (True if it did)."""
-        if self._future is not None and self._future.done():
-            self.wait()
-        step = self.runtime.steps if step is None else step  # steps done, after runtime.step_end
-        if not self.due(step):
+        """After an optimizer step: save when due (True if it did)."""
+        if not self.poll(step):
             return False
         self.save(model, optimizer, step)
         return True
+
+    def poll(self, step: int | None = None) -> bool:
+        """Once per optimizer step, on every rank: surface a finished write's error, and say whether
+        a save is due now (an adapter may save a moment later, once the scheduler has stepped)."""
+        if self._future is not None and self._future.done():
+            self.wait()
+        return self.due(self.runtime.steps if step is None else step)  # steps done, after runtime.step_end
 
     def due(self, steps: int) -> bool:
         """The same answer on every rank, after ``steps`` optimizer steps."""
@@ -211,7 +216,8 @@ class Checkpointer:
         run = {"world_size": self.world_size, "steps": self.runtime.steps, "epoch": epoch, "samples": samples,
                "hook_step": (mine.get("hook") or {}).get("step"), "config": self.runtime.config.to_record()}
         return {"model": model_sd, "optim": optim_sd, _RUN: _blob(run), f"hetero.rank{self.rank}": _blob(mine),
-                f"hetero.lost{self.rank}": _blob(_residual_size(mine.get("hook") or {}))}
+                f"hetero.lost{self.rank}": _blob(_residual_size(mine.get("hook") or {})),
+                **{f"extra.{k}": _blob(v.state_dict()) for k, v in self.stateful.items()}}
 
     # ---- resuming --------------------------------------------------------------------
     def complete(self) -> list[Path]:
@@ -245,7 +251,8 @@ class Checkpointer:
     def _load(self, path: Path, keys: Any, model: Any, optimizer: Any) -> Resumed:
         saved_world = sum(1 for k in keys if k.startswith("hetero.rank"))
         model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else optimizer)
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _RUN: None}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _RUN: None,
+                                 **{f"extra.{k}": None for k in self.stateful if f"extra.{k}" in keys}}
         same = saved_world == self.world_size
         if same:
             state[f"hetero.rank{self.rank}"] = None
@@ -257,6 +264,9 @@ class Checkpointer:
         self.runtime.check_compatible(run["config"], f"checkpoint {path}")  # before anything is overwritten
         set_state_dict(model, [] if optimizer is None else optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+        for k, v in self.stateful.items():
+            if f"extra.{k}" in state:
+                v.load_state_dict(_unblob(state[f"extra.{k}"]))
         if same:
             self.runtime.load_state_dict(_unblob(state[f"hetero.rank{self.rank}"]))
         else:
