@@ -46,6 +46,7 @@ def _error(fn) -> str:
 
 def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     from hetero_strategy import HeteroStrategy
@@ -84,13 +85,14 @@ def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     out["resume_weights"] = [p.detach().clone() for p in resumed.net.parameters()]
     out["ckpt_ranks"] = len(torch.load(ckpt, weights_only=False)["hetero_strategy"]["ranks"])
 
-    # Checkpoint mid-epoch (3 of 6 steps), resume: the epoch goes on with its 4th batch, not its 1st.
+    # Checkpoint mid-epoch (ModelCheckpoint at 3 of 6 steps), resume: the epoch goes on with its 4th
+    # batch, not its 1st. (A save after fit(max_steps=3) would be an epoch end to Lightning.)
     data96 = make_data(96)
-    model = Regressor()
-    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[6, 10]), max_steps=3, **trainer_kwargs())
-    trainer.fit(model, loader(data96, 8, shuffle=True))
-    ckpt = os.path.join(tmp, "mid_epoch.ckpt")
-    trainer.save_checkpoint(ckpt)
+    every3 = ModelCheckpoint(dirpath=os.path.join(tmp, "every3"), every_n_train_steps=3, save_top_k=-1)
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[6, 10]), max_steps=5, callbacks=[every3],
+                        **trainer_kwargs(enable_checkpointing=True))
+    trainer.fit(Regressor(), loader(data96, 8, shuffle=True))
+    ckpt = os.path.join(tmp, "every3", "epoch=0-step=3.ckpt")
     resumed = Regressor()
     trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[6, 10]), max_steps=8, **trainer_kwargs())
     trainer.fit(resumed, loader(data96, 8, shuffle=True), ckpt_path=ckpt)

@@ -16,7 +16,7 @@ import importlib
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
-        "accelerate (the plugin's overhead), overlap (pipelined Top-K) or lengths (dealing text by cost).")
+        "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost) or soak (a flapping link).")
 
 __all__ = ["HELP", "MODES", "NAME", "add_arguments", "run"]
 
@@ -27,6 +27,7 @@ MODES = {
     "accelerate": "HeteroPlugin (equal shares) vs plain Accelerate DDP: the plugin's per-step overhead",
     "overlap": "pipelined Top-K: the codec against the exchange, overlap efficiency per stage count",
     "lengths": "variable-length samples dealt out by cost vs by count on a length-skewed text task",
+    "soak": "a long calibrating run while one link flaps: throughput before, during and after; leaks",
 }
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from typing_extensions import Self
 
+from hetero_strategy.cluster.tiers import parse_rate
 from hetero_strategy.emulate import netns
 from hetero_strategy.emulate.launch import RankProcess, RunResult, supervise
 from hetero_strategy.emulate.spec import ClusterSpec
@@ -117,6 +118,13 @@ class EmulatedCluster:
         self.cgroups, self.nets = [], []
         if errors:
             raise EmulatorError("; ".join(errors))
+
+    def set_link(self, rank: int, link: str) -> None:
+        """Change the link of ``rank``'s namespace to ``link`` (e.g. "50mbit") while ranks run: a flap."""
+        if self.spec.simulate or not self._open:
+            raise EmulatorError("set_link needs a started cluster with real namespaces (not --simulate)")
+        node = self.spec.node_of[rank]
+        netns.shape(self.tag, node, parse_rate(link), self.spec.latency_ms[rank])
 
     # ---- running -----------------------------------------------------------------------
     def rank_env(self, rank: int, world: Sequence[int], extra: dict[str, str] | None = None) -> dict[str, str]:

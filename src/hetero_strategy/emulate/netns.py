@@ -81,13 +81,18 @@ def build_network(tag: str, rates_bps: list[float | None], latency_ms: list[floa
         sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", RANK_IFNAME)
         sh("ip", "-n", ns, "link", "set", RANK_IFNAME, "up")
         if rate is not None:
-            # NOTE: netem is not available on these kernels; tbf shapes the rate. Egress of the rank's
-            # end is its upload, egress of the bridge port its download: both directions are shaped.
-            args = tbf_args(rate, latency_ms[k])
-            sh("tc", "-n", ns, "qdisc", "replace", "dev", RANK_IFNAME, "root", *args)
-            sh("tc", "-n", br, "qdisc", "replace", "dev", port, "root", *args)
+            shape(tag, k, rate, latency_ms[k])
         nets.append(RankNet(k, ns, RANK_IFNAME, addr, rate))
     return nets
+
+
+def shape(tag: str, k: int, rate_bps: float, latency_ms: float) -> None:
+    """Set namespace ``k``'s link to ``rate_bps`` in both directions (also while ranks run)."""
+    # NOTE: netem is not available on these kernels; tbf shapes the rate. Egress of the rank's
+    # end is its upload, egress of the bridge port its download: both directions are shaped.
+    args = tbf_args(rate_bps, latency_ms)
+    sh("tc", "-n", rank_ns(tag, k), "qdisc", "replace", "dev", RANK_IFNAME, "root", *args)
+    sh("tc", "-n", bridge_ns(tag), "qdisc", "replace", "dev", f"v{k}", "root", *args)
 
 
 def emulator_namespaces() -> list[str]:
