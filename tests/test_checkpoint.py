@@ -176,7 +176,9 @@ def _accelerate_fit(rank: int, world: int, ckpt_dir: str, stop_after: int | None
                           dense_fallback=False, checkpoint_dir=ckpt_dir, checkpoint_every_steps=4,
                           checkpoint_every_s=None)
     net = make_net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    # NOTE: no momentum: empty optimizer state, which torch's get_state_dict would fill by a hidden
+    # optimizer.step() that the plugin counts as a training step
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5)
     model, opt, sched, loader = plugin.prepare(acc, net, opt, sched,
                                                DataLoader(make_data(96), batch_size=8, shuffle=True), max_steps=8)
@@ -194,7 +196,8 @@ def _accelerate_fit(rank: int, world: int, ckpt_dir: str, stop_after: int | None
                 break
     plugin.close()
     return {"weights": [p.detach().clone() for p in net.parameters()], "lr": sched.get_last_lr(),
-            "resumed": resumed}
+            "resumed": resumed, "steps": plugin.runtime.steps,
+            "saved": sorted(p.name for p in Path(ckpt_dir).iterdir())}
 
 
 def test_accelerate_plugin_checkpoints_periodically_and_resumes_exactly(tmp_path):
@@ -205,5 +208,42 @@ def test_accelerate_plugin_checkpoints_periodically_and_resumes_exactly(tmp_path
     resumed = run_distributed(_accelerate_fit, 2, str(tmp_path / "cut"), None, timeout=180)
     for a, b in zip(whole, resumed, strict=True):
         assert b["resumed"] == (4, 0) and a["resumed"] is None  # 4 of the 6 steps an epoch, from step 4
+        assert a["steps"] == b["steps"] == 8 and a["saved"] == b["saved"] == ["step_00000004", "step_00000008"]
         assert a["lr"] == b["lr"] == [0.05 * 0.5 ** 2]  # the scheduler came back too
         assert all(torch.equal(x, y) for x, y in zip(a["weights"], b["weights"], strict=True))
+
+
+def _time_based(rank: int, world: int, ckpt_dir: str) -> list[str]:
+    import torch.distributed as dist
+    from dist_utils import init_gloo
+    from torch.nn.parallel import DistributedDataParallel
+
+    init_gloo(rank, world)
+    config = HeteroConfig.from_flat(batch_sizes=[3, 5], checkpoint_dir=ckpt_dir, checkpoint_every_s=1e-6)
+    runtime = HeteroRuntime(config, rank, world)
+    loader = runtime.train_loader(DataLoader(make_data(64), batch_size=4), seed=0)
+    model = DistributedDataParallel(make_net())
+    runtime.register_hook(model, max_steps=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpointer(runtime)
+    saved = []
+    for x, y in loader:
+        runtime.batch_start()
+        torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
+        opt.step()
+        opt.zero_grad()
+        runtime.step_end()
+        if ckpt.step_end(model, opt):
+            saved.append(runtime.steps)
+    ckpt.close()
+    runtime.close()
+    dist.barrier()
+    return saved
+
+
+def test_time_based_saves_happen_at_the_same_steps_on_every_rank(tmp_path):
+    from dist_utils import run_distributed
+
+    saved = run_distributed(_time_based, 2, str(tmp_path / "ckpt"), timeout=120)
+    assert saved[0] == saved[1] and len(saved[0]) >= 2, saved  # rank 0's clock, agreed two steps ahead
+    assert saved[0][0] >= 2 and all(b - a >= 2 for a, b in zip(saved[0], saved[0][1:]))

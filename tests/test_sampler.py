@@ -111,3 +111,22 @@ def test_capacity_model_by_hand():
     assert capacity([2.0, 1.0]) == pytest.approx([2 / 3, 1 / 3])  # no bandwidth figures: compute only
     with pytest.raises(ValueError, match="positive measured speed"):
         capacity([1.0, 0.0])
+
+
+def test_a_restored_position_skips_the_trained_steps_of_its_epoch_only():
+    from hetero_strategy.balance import HeteroBatchSampler
+
+    ref = HeteroBatchSampler(40, [3, 5], rank=1, shuffle=True, seed=2)
+    ref.set_epoch(1)
+    epoch1 = list(ref)  # 5 steps of G=8
+    s = HeteroBatchSampler(40, [3, 5], rank=1, shuffle=True, seed=2)
+    s.resume_at(5 + 2)  # epoch 1, after 2 trained steps
+    s.set_epoch(1)
+    assert list(s) == epoch1[2:]
+    s.set_epoch(2)
+    assert len(list(s)) == 5  # the next epoch is whole again
+    t = HeteroBatchSampler(40, [3, 5], rank=1, shuffle=True, seed=2)
+    t.resume_at_samples(1, 23)  # another world's position: 23 samples seen -> 2 whole batches of 8
+    assert t.position == (1, 16)
+    t.set_epoch(1)
+    assert list(t) == epoch1[2:]

@@ -30,18 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 0
     from hetero_strategy.commands.signals import stopping_on_signals
 
     try:
         with stopping_on_signals():  # every command's ranks and emulated cluster go on SIGTERM/INT/HUP
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "_run", None):
+                parser.print_help()
+                return 0
             return int(args._run(args) or 0)
     except KeyboardInterrupt:
-        print(f"hetero-strategy {args.command}: interrupted; its ranks were stopped", file=sys.stderr)
+        print("hetero-strategy: interrupted; every rank it started was stopped", file=sys.stderr)
         return 130
 
 

@@ -242,7 +242,7 @@ class HeteroPlugin:
     def _after_step(self) -> None:
         self.runtime.step_end()
         if self.checkpoints is not None:
-            self._save_due = self.checkpoints.poll()
+            self._save_due = self.checkpoints.poll() or self._save_due  # two steps without a batch between
         step = self.runtime.steps - 1
         # log_with is the same on every rank (trackers live on the main process only), so every
         # rank joins the metrics' all-gather at the same steps.

@@ -34,6 +34,8 @@ def _on_signal(signum: int, frame: object) -> None:
     from hetero_strategy.emulate.launch import request_stop
 
     request_stop(signum)
+    for sig in STOP_SIGNALS:  # one is enough: a second one would break off the clean-up it started
+        signal.signal(sig, signal.SIG_IGN)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     sys.exit(128 + signum)

@@ -55,6 +55,9 @@ class ReliabilityConfig:
                                                     or not math.isfinite(self.checkpoint_every_s)
                                                     or self.checkpoint_every_s <= 0):
             _fail("checkpoint_every_s", self.checkpoint_every_s, "give seconds > 0 (e.g. 300), or None")
+        if self.checkpoint_dir is not None and self.checkpoint_every_steps is None and self.checkpoint_every_s is None:
+            _fail("checkpoint_every_s", None, "with checkpoint_dir set, give checkpoint_every_steps or "
+                  "checkpoint_every_s (or both): otherwise nothing is ever saved")
         if not _whole(self.keep_checkpoints) or self.keep_checkpoints < 1:
             _fail("keep_checkpoints", self.keep_checkpoints, "keep at least 1 complete checkpoint (e.g. 2)")
         if self.resume not in RESUME_MODES:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -103,7 +102,7 @@ def _spawn_all(ranks: Sequence[RankProcess], logs: list, procs: list[subprocess.
         for i, r in enumerate(ranks):
             out = logs[i] if logs else None
             procs.append(subprocess.Popen(r.argv, env=r.env, stdout=out, stderr=subprocess.STDOUT if logs else None,
-                                          # NOTE: the child only unblocks signals, writes a cgroup file and
+                                          # NOTE: the child only unblocks signals, sets PR_SET_PDEATHSIG, writes a cgroup file and
                                           # sets its affinity (no locks taken).
                                           start_new_session=True, preexec_fn=_child_setup(r.preexec, held)))  # noqa: PLW1509
     finally:
@@ -119,15 +118,26 @@ def _child_setup(preexec: Callable[[], None] | None, held: set) -> Callable[[], 
     return setup
 
 
-def die_with_parent() -> None:
-    """PR_SET_PDEATHSIG: the kernel SIGKILLs this rank when its launcher dies, even by SIGKILL.
-
-    NOTE: it survives the exec of ``ip netns exec`` and of the rank itself (neither is set-uid).
-    """
+def _resolve_prctl():
     import ctypes
 
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: stale clean-up still applies
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the stale clean-up of the next emulate still applies
+        return None
+
+
+_PRCTL = _resolve_prctl()  # NOTE: looked up here, in the parent: no dlopen between fork and exec
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the kernel SIGKILLs this process when its launcher dies, even by SIGKILL.
+
+    For a preexec_fn. It survives the exec of ``ip netns exec`` and of the rank (neither is
+    set-uid); it covers the launcher's direct children only, not their own children.
+    """
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _watch(procs: list[subprocess.Popen], deadline: float, result: RunResult) -> None:

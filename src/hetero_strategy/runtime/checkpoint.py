@@ -21,25 +21,24 @@ size logged (docs/reliability.md says why).
 
 from __future__ import annotations
 
-import io
+import datetime
 import logging
 import os
 import re
 import shutil
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hetero_strategy.config import ConfigError
-from hetero_strategy.runtime.stall import StallError, client_store
+from hetero_strategy.runtime.save_schedule import SaveSchedule
+from hetero_strategy.runtime.snapshot import RUN, module_of, optimizers_of, snapshot, unblob
+from hetero_strategy.runtime.stall import StallError
 
 __all__ = ["Checkpointer", "Resumed"]
 
@@ -47,7 +46,6 @@ log = logging.getLogger("hetero_strategy")
 
 _COMPLETE = re.compile(r"^step_(\d{8,})$")
 _PARTIAL = ".partial"
-_RUN = "hetero.run"  # replicated: world size, step, data position, config
 _SHARED_STORE = ("hetero: torchrun restarts workers on the rendezvous store of the first attempt, where the "
                  "restarted ranks can read the previous attempt's addresses and hang or fail to connect at "
                  "init_process_group (pytorch/pytorch#135712). Launch with --rdzv-backend c10d and "
@@ -72,10 +70,11 @@ class Checkpointer:
         directory, every_steps, every_s, keep: default to the ``reliability`` section's
             ``checkpoint_dir``, ``checkpoint_every_steps``, ``checkpoint_every_s`` and
             ``keep_checkpoints``.
+        stateful: more objects with ``state_dict``/``load_state_dict`` (e.g. LR schedulers), by name.
 
     Example (bare DDP; ``resume`` is also what an elastic restart runs)::
 
-        ckpt = Checkpointer(runtime, "ckpt", every_steps=100)
+        ckpt = Checkpointer(runtime, "ckpt", every_steps=100, stateful={"sched": scheduler})
         resumed = ckpt.resume(ddp_model, optimizer)       # None on a fresh start
         for epoch in range(resumed.epoch if resumed else 0, epochs):
             loader.batch_sampler.set_epoch(epoch)
@@ -92,25 +91,25 @@ class Checkpointer:
             raise ConfigError("checkpoint_dir=None is invalid for a Checkpointer: give the directory checkpoints "
                               "go to (reliability.checkpoint_dir)")
         self.runtime, self.rank, self.world_size = runtime, runtime.rank, runtime.world_size
-        self.stateful = dict(stateful or {})  # e.g. LR schedulers: anything with state_dict/load_state_dict
+        self.stateful = dict(stateful or {})
         self.directory = Path(directory)
-        self.every_steps = every_steps if every_steps is not None else cfg.checkpoint_every_steps
-        self.every_s = every_s if every_s is not None else cfg.checkpoint_every_s
         self.keep = keep if keep is not None else cfg.keep_checkpoints
         self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # NOTE: every rank looks (the directory is shared), so every rank refuses alike, before any collective
+        if cfg.resume == "never" and self.complete():
+            raise ConfigError(f"checkpoint_dir={str(self.directory)!r} is invalid with resume='never': it holds "
+                              f"checkpoints of an earlier run ({self.complete()[-1].name}), which would mix with "
+                              "this run's; empty it, use another directory, or resume='auto'")
         # NOTE: DCP's async write runs collectives from its own thread: a group of its own keeps
-        # them from interleaving with the training step's on the default group
-        self._group = dist.new_group(backend="gloo") if self._distributed else None
+        # them apart from the step's. Its timeout bounds a write a dead peer never finishes.
+        timeout = datetime.timedelta(seconds=max(600.0, 10 * cfg.stall_timeout_s))
+        self._group = dist.new_group(backend="gloo", timeout=timeout) if self._distributed else None
+        self.schedule = SaveSchedule(self.rank, every_steps if every_steps is not None else cfg.checkpoint_every_steps,
+                                     every_s if every_s is not None else cfg.checkpoint_every_s, self._distributed)
         self._future: Any = None
         self._writing: Path | None = None
         self._committed = threading.Event()
-        self._commit_error: OSError | None = None
-        self._last_save = time.monotonic()
-        # time-based saves: rank 0's clock decides, the step is agreed through the rendezvous store
-        self._store = client_store(5.0) if self._distributed and self.every_s is not None else None
-        self._prefix = f"hetero/ckpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-        self._announced: int | None = None
-        self._timed_saves = 0
+        self._commit_error: BaseException | None = None
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(f"step_*{_PARTIAL}"):  # a crash's leftovers
@@ -133,47 +132,27 @@ class Checkpointer:
         a save is due now (an adapter may save a moment later, once the scheduler has stepped)."""
         if self._future is not None and self._future.done():
             self.wait()
-        return self.due(self.runtime.steps if step is None else step)  # steps done, after runtime.step_end
+        return self.schedule.due(self.runtime.steps if step is None else step)  # steps done, after step_end
 
     def due(self, steps: int) -> bool:
-        """The same answer on every rank, after ``steps`` optimizer steps."""
-        by_steps = self.every_steps is not None and steps > 0 and steps % self.every_steps == 0
-        return self._time_due(steps) or by_steps
-
-    def _time_due(self, steps: int) -> bool:
-        if self.every_s is None:
-            return False
-        if not self._distributed or self._store is None:
-            return time.monotonic() - self._last_save >= self.every_s
-        key = f"{self._prefix}{self._timed_saves}"
-        if self.rank == 0 and self._announced is None and time.monotonic() - self._last_save >= self.every_s:
-            # NOTE: two steps ahead: no rank can finish step s + 1 before rank 0 finished step s
-            # (its exchange needs rank 0's gradient), so every rank reads the key in time
-            self._announced = steps + 2
-            self._store.set(key, str(self._announced))
-        if self._announced is None and self._store.check([key]):
-            self._announced = int(self._store.get(key))
-        if self._announced != steps:
-            return False
-        self._announced = None
-        self._timed_saves += 1
-        return True
+        """Whether a save is due after ``steps`` optimizer steps (the same answer on every rank)."""
+        return self.schedule.due(steps)
 
     def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
         """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""
         self.wait()  # one write in flight at a time
         step = self.runtime.steps if step is None else step
         final = self.directory / f"step_{step:08d}"
-        self._writing = final.with_name(final.name + _PARTIAL)
-        state = self._state(model, optimizer)
+        writing = final.with_name(final.name + _PARTIAL)
+        state = snapshot(self.runtime, model, optimizer, self.stateful)
         with self.runtime.phase("checkpoint"):
-            self._future = dcp.async_save(state, checkpoint_id=self._writing, process_group=self._group,
+            self._future = dcp.async_save(state, checkpoint_id=writing, process_group=self._group,
                                           no_dist=not self._distributed)
-        self._committed = threading.Event()
+        self._writing, self._committed = writing, threading.Event()
         # NOTE: rank 0 commits from the writer thread the moment DCP's metadata is down, not at
         # its next step: a job killed meanwhile keeps the checkpoint
-        self._future.add_done_callback(lambda f, w=self._writing, done=self._committed: self._commit(f, w, done))
-        self._last_save = time.monotonic()
+        self._future.add_done_callback(lambda f, w=writing, done=self._committed: self._commit(f, w, done))
+        self.schedule.saved()
         return final
 
     def wait(self) -> None:
@@ -182,7 +161,8 @@ class Checkpointer:
             return
         future, committed = self._future, self._committed
         self._future = self._writing = None
-        future.result()
+        with self.runtime.phase("checkpoint"):
+            future.result()
         committed.wait()
         if self._commit_error is not None:
             error, self._commit_error = self._commit_error, None
@@ -193,12 +173,17 @@ class Checkpointer:
         try:
             if self.rank == 0 and future.exception() is None:
                 final = writing.with_name(writing.name.removesuffix(_PARTIAL))
-                if final.exists():  # the same step saved again after a restart
-                    shutil.rmtree(final)
-                os.replace(writing, final)
-                for old in self.complete()[:-self.keep]:
+                if final.exists():  # the same step saved again after a restart: out of the way first
+                    old = final.with_name(f"{final.name}.replaced{_PARTIAL}")
+                    os.replace(final, old)
                     shutil.rmtree(old, ignore_errors=True)
-        except OSError as e:
+                os.replace(writing, final)
+                _fsync_dir(self.directory)
+                for old in self.complete()[:-self.keep]:  # renamed first: never a half-deleted complete name
+                    gone = old.with_name(old.name + _PARTIAL)
+                    os.replace(old, gone)
+                    shutil.rmtree(gone, ignore_errors=True)
+        except Exception as e:  # noqa: BLE001 - raised by wait(), in the training thread
             self._commit_error = e
         finally:
             done.set()
@@ -206,76 +191,79 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last write (the end of training)."""
         self.wait()
-        self._store = None
-
-    def _state(self, model: Any, optimizer: Any) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else optimizer)
-        mine = self.runtime.state_dict()
-        sampler = self.runtime.sampler
-        epoch, samples = sampler.position if sampler is not None else (0, 0)
-        run = {"world_size": self.world_size, "steps": self.runtime.steps, "epoch": epoch, "samples": samples,
-               "hook_step": (mine.get("hook") or {}).get("step"), "config": self.runtime.config.to_record()}
-        return {"model": model_sd, "optim": optim_sd, _RUN: _blob(run), f"hetero.rank{self.rank}": _blob(mine),
-                f"hetero.lost{self.rank}": _blob(_residual_size(mine.get("hook") or {})),
-                **{f"extra.{k}": _blob(v.state_dict()) for k, v in self.stateful.items()}}
+        self.schedule.close()
 
     # ---- resuming --------------------------------------------------------------------
     def complete(self) -> list[Path]:
         """Complete checkpoints in the directory, oldest first."""
+        if not self.directory.is_dir():
+            return []
         found = [p for p in self.directory.iterdir() if p.is_dir() and _COMPLETE.match(p.name)]
         return sorted(found, key=lambda p: int(_COMPLETE.match(p.name).group(1)))
 
     def resume(self, model: Any, optimizer: Any) -> Resumed | None:
-        """Load the newest complete checkpoint into ``model``, ``optimizer`` and the runtime
-        (collective); None when there is none or ``resume="never"``."""
+        """Load the newest complete checkpoint into ``model``, ``optimizer``(s), the ``stateful``
+        objects and the runtime (collective); None when there is none or ``resume="never"``."""
         if self.runtime.config.reliability.resume == "never":
             return None
-        newest = [str(self.complete()[-1]) if self.complete() else None]
+        newest = [None]
+        if self.rank == 0:
+            complete = self.complete()
+            newest = [str(complete[-1]) if complete else None]
         if self._distributed:  # rank 0's listing, so every rank reads the same one
             dist.broadcast_object_list(newest, src=0, group=self._group)
         if newest[0] is None:
             return None
         path = Path(newest[0])
+        keys = self._read(path, lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+        saved_world = sum(1 for k in keys if k.startswith("hetero.rank"))
+        same = saved_world == self.world_size
+        # First the small parts: a refused checkpoint leaves the model untouched (DCP loads in place).
+        small: dict[str, Any] = {RUN: None, "optim": None,
+                                 **{f"extra.{k}": None for k in self.stateful if f"extra.{k}" in keys}}
+        if same:
+            small[f"hetero.rank{self.rank}"] = None
+        elif self.rank == 0:
+            small.update({f"hetero.lost{r}": None for r in range(saved_world)})
+        self._load(path, small)
+        run = self._read(path, lambda: unblob(small[RUN]))
+        self.runtime.check_compatible(run["config"], f"checkpoint {path}")
+        module = module_of(model)
+        self._load(path, {"model": module.state_dict()})  # in place, into the parameters
+        for opt, state in zip(optimizers_of(optimizer), self._read(path, lambda: unblob(small["optim"])), strict=True):
+            opt.load_state_dict(state)
+        for k, v in self.stateful.items():
+            if f"extra.{k}" in small:
+                v.load_state_dict(unblob(small[f"extra.{k}"]))
+        if same:
+            self.runtime.load_state_dict(unblob(small[f"hetero.rank{self.rank}"]))
+        else:
+            self.runtime.load_other_world(run)
+            if self.rank == 0:
+                self._say_dropped(run, [unblob(small[f"hetero.lost{r}"]) for r in range(saved_world)])
+        epoch = self.runtime.sampler.position[0] if self.runtime.sampler is not None else run["epoch"]
+        self.runtime.info(f"hetero: resumed from {path} after {run['steps']} steps (epoch {epoch})")
+        return Resumed(path, int(run["steps"]), int(epoch), saved_world)
+
+    def _load(self, path: Path, state: dict[str, Any]) -> None:
+        with self.runtime.phase("checkpoint"):
+            self._read(path, lambda: dcp.load(state, checkpoint_id=path, process_group=self._group,
+                                              no_dist=not self._distributed))
+
+    @staticmethod
+    def _read(path: Path, read: Any) -> Any:
+        """``read()``, with a damaged or foreign file said in one line (nothing else is caught)."""
         try:
-            keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-            return self._load(path, keys, model, optimizer)
+            return read()
         except (ConfigError, StallError):
             raise
-        except (Exception, CheckpointException) as e:  # noqa: BLE001 - a damaged file, said in one line
-            cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP wraps each rank's error
+        except (CheckpointException, OSError, EOFError, ValueError, KeyError, RuntimeError) as e:
+            cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP: each rank's (error, traceback)
+            cause = cause[0] if isinstance(cause, tuple) else cause
             first = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
             raise ConfigError(f"checkpoint {str(path)!r} is invalid: it cannot be read ({first}); it is cut off or "
                               "not a hetero_strategy checkpoint. Delete it to resume from the one before, or set "
                               "resume='never' to start fresh") from None
-
-    def _load(self, path: Path, keys: Any, model: Any, optimizer: Any) -> Resumed:
-        saved_world = sum(1 for k in keys if k.startswith("hetero.rank"))
-        model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else optimizer)
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, _RUN: None,
-                                 **{f"extra.{k}": None for k in self.stateful if f"extra.{k}" in keys}}
-        same = saved_world == self.world_size
-        if same:
-            state[f"hetero.rank{self.rank}"] = None
-        elif self.rank == 0:
-            state.update({f"hetero.lost{r}": None for r in range(saved_world)})
-        with self.runtime.phase("checkpoint"):
-            dcp.load(state, checkpoint_id=path, process_group=self._group, no_dist=not self._distributed)
-        run = _unblob(state[_RUN])
-        self.runtime.check_compatible(run["config"], f"checkpoint {path}")  # before anything is overwritten
-        set_state_dict(model, [] if optimizer is None else optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        for k, v in self.stateful.items():
-            if f"extra.{k}" in state:
-                v.load_state_dict(_unblob(state[f"extra.{k}"]))
-        if same:
-            self.runtime.load_state_dict(_unblob(state[f"hetero.rank{self.rank}"]))
-        else:
-            self.runtime.load_other_world(run)
-            if self.rank == 0:
-                self._say_dropped(run, [_unblob(state[f"hetero.lost{r}"]) for r in range(saved_world)])
-        epoch = self.runtime.sampler.position[0] if self.runtime.sampler is not None else run["epoch"]
-        self.runtime.info(f"hetero: resumed from {path} after {run['steps']} steps (epoch {epoch})")
-        return Resumed(path, int(run["steps"]), int(epoch), saved_world)
 
     def _say_dropped(self, run: dict, lost: list[dict]) -> None:
         values = sum(x["values"] for x in lost)
@@ -289,18 +277,10 @@ class Checkpointer:
             dist.barrier(group=self._group)
 
 
-def _blob(obj: Any) -> bytes:
-    """An opaque leaf for DCP (it would flatten a dict into keys it must know before loading)."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _unblob(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
-
-
-def _residual_size(hook: dict) -> dict[str, float]:
-    """How much error feedback a rank holds: residual values and their L1 norm (PowerSGD's errors too)."""
-    tensors = [*(hook.get("residuals") or {}).values(), *((hook.get("powersgd") or {}).get("error_dict") or {}).values()]
-    return {"values": sum(t.numel() for t in tensors), "l1": float(sum(t.abs().sum() for t in tensors))}
+def _fsync_dir(path: Path) -> None:
+    """The rename itself on disk (a power cut after the commit keeps it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
