@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=count(30), default=300, help="training steps (default 300)")
     parser.add_argument("--flap-at", type=count(1), default=100, help="step the link drops at (default 100)")
     parser.add_argument("--restore-at", type=count(2), default=200, help="step it comes back at (default 200)")
-    parser.add_argument("--batch", type=count(1), default=32, help="mean samples per rank per step (default 32)")
-    parser.add_argument("--hidden", type=count(8), default=256, help="MLP width (default 256)")
+    parser.add_argument("--batch", type=count(1), default=128, help="mean samples per rank per step (default 128)")
+    parser.add_argument("--hidden", type=count(8), default=512, help="MLP width (default 512)")
     parser.add_argument("--timeout", type=number(what="seconds"), default=900.0, help="seconds allowed")
 
 
