@@ -67,9 +67,10 @@ class Checkpointer:
 
     Args:
         runtime: the run's :class:`~hetero_strategy.runtime.HeteroRuntime`.
-        directory, every_steps, every_s, keep: default to the ``reliability`` section's
-            ``checkpoint_dir``, ``checkpoint_every_steps``, ``checkpoint_every_s`` and
-            ``keep_checkpoints``.
+        directory: where checkpoints go (default: ``reliability.checkpoint_dir``).
+        every_steps: save every this many optimizer steps (default: ``checkpoint_every_steps``).
+        every_s: save after this many seconds (default: ``checkpoint_every_s``).
+        keep: complete checkpoints kept (default: ``keep_checkpoints``).
         stateful: more objects with ``state_dict``/``load_state_dict`` (e.g. LR schedulers), by name.
 
     Example (bare DDP; ``resume`` is also what an elastic restart runs)::
