@@ -6,6 +6,7 @@ its final weights must be bitwise equal, and what a resume restores must equal w
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -90,6 +91,18 @@ def test_another_world_size_replans_and_drops_the_residuals_with_their_count(uni
     ref = torch.load(uninterrupted / "final_rank0.pt")["weights"]
     for x, y in zip(ref, torch.load(tmp_path / "resumed_rank2.pt")["weights"], strict=True):
         assert torch.equal(x, y)  # a new rank starts from the saved model
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root (namespaces, tc, cgroups)")
+def test_emulate_max_restarts_resumes_a_killed_rank_on_the_emulated_cluster(uninterrupted, tmp_path):
+    cmd = [sys.executable, "-m", "hetero_strategy.cli", "emulate", "--no-measure", "--compute", "1.0,1.0",
+           "--max-restarts", "2", "--timeout", "200", "--", sys.executable, str(SCRIPT), str(tmp_path),
+           "--kill-rank", "1", "--kill-after", "10"]
+    rc, log = run_command(cmd, env=launch_env(), timeout=240)
+    assert rc == 0, log[-4000:]
+    assert "restarting every rank (restart 1 of 2)" in log and "after 1 restart(s)" in log
+    assert torch.load(tmp_path / "resumed_rank1.pt")["steps"] == 8
+    _assert_same_weights(uninterrupted, tmp_path)
 
 
 # ---- one process: the files themselves ------------------------------------------------------

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="no root: loopback, unshaped links, compute slowed by a SIGSTOP/SIGCONT duty cycle")
     parser.add_argument("--timeout", type=number(what="seconds"), default=3600.0, help="stop every rank after this many seconds")
+    parser.add_argument("--max-restarts", type=count(0), default=0,
+                        help="restart every rank this many times at most when one fails, as torchrun does")
     parser.add_argument("--no-measure", action="store_true", help="skip the per-rank link bandwidth probe")
     parser.add_argument("--json", default=None, help="write the cluster description and exit codes here")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every rank")
@@ -64,7 +66,13 @@ def run(args: argparse.Namespace) -> int:
             for name in cluster.stale_removed:
                 console.print(f"emulate: removed stale {name}")
             console.print(cluster_table(cluster.describe()))
-            result = cluster.run(cmd, timeout=args.timeout, capture=False)
+            def restarting(failed, attempt: int) -> None:
+                console.print(f"[yellow]emulate: rank {failed.failed_rank} exited with "
+                              f"{failed.returncodes[failed.failed_rank]}; restarting every rank "
+                              f"(restart {attempt} of {args.max_restarts})")
+
+            result = cluster.run(cmd, timeout=args.timeout, capture=False, max_restarts=args.max_restarts,
+                                 on_restart=restarting)
         label = " (simulated)" if args.simulate else ""
         if result.timed_out:
             console.print(f"[red]emulate{label}: timed out after {args.timeout:.0f} s; all ranks stopped")
@@ -72,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]emulate{label}: rank {result.failed_rank} exited with "
                           f"{result.returncodes[result.failed_rank]}; the other ranks were stopped")
         else:
-            console.print(f"emulate{label}: all {len(compute)} ranks finished in {result.wall_s:.1f} s")
+            again = f" after {result.restarts} restart(s)" if result.restarts else ""
+            console.print(f"emulate{label}: all {len(compute)} ranks finished{again} in {result.wall_s:.1f} s")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"cluster": cluster.describe(), "returncodes": result.returncodes,

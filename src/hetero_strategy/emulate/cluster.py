@@ -25,7 +25,8 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from typing_extensions import Self
@@ -158,8 +159,28 @@ class EmulatedCluster:
         return env
 
     def run(self, argv: Sequence[str], timeout: float = 3600.0, env: dict[str, str] | None = None,
-            ranks: Sequence[int] | None = None, capture: bool = True) -> RunResult:
-        """Run ``argv`` once per rank (all ranks, or the job made of ``ranks``); see :func:`supervise`."""
+            ranks: Sequence[int] | None = None, capture: bool = True, max_restarts: int = 0,
+            on_restart: Callable[[RunResult, int], None] | None = None) -> RunResult:
+        """Run ``argv`` once per rank (all ranks, or the job made of ``ranks``); see :func:`supervise`.
+
+        ``max_restarts``: as ``torchrun --max-restarts``, a failed rank stops every rank and the
+        whole job starts again, at most this many times, with ``TORCHELASTIC_RESTART_COUNT`` set
+        (a job with ``resume="auto"`` checkpoints continues where it was). ``timeout`` covers all
+        attempts; ``on_restart(result, attempt)`` is told of each restart.
+        """
+        deadline = time.monotonic() + timeout
+        for attempt in range(max_restarts + 1):
+            extra = dict(env or {}, TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(max_restarts))
+            result = self._run_once(argv, max(1.0, deadline - time.monotonic()), extra, ranks, capture, attempt)
+            result.restarts = attempt
+            if result.ok or result.timed_out or attempt == max_restarts:
+                return result
+            if on_restart is not None:
+                on_restart(result, attempt + 1)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_once(self, argv: Sequence[str], timeout: float, env: dict[str, str], ranks: Sequence[int] | None,
+                  capture: bool, attempt: int) -> RunResult:
         if not self._open:
             raise EmulatorError("the cluster is not started: use `with EmulatedCluster(...) as cluster:`")
         world = list(range(self.spec.nproc)) if ranks is None else list(ranks)
@@ -170,10 +191,12 @@ class EmulatedCluster:
             # torchrun numbers ranks node by node (RANK = the node's base + LOCAL_RANK)
             raise ValueError(f"ranks={world!r} is invalid: list each node's ranks together (nodes {nodes})")
         master_env = self.rank_env(world[0], world, env)  # one port for the whole job
+        # NOTE: a port per attempt: the store of a killed attempt may still hold the old one
+        port = str(int(master_env["MASTER_PORT"]) + (attempt if not self.spec.simulate else 0))
         procs = []
         for k in world:
             e = self.rank_env(k, world, env)
-            e["MASTER_PORT"] = master_env["MASTER_PORT"]
+            e["MASTER_PORT"] = port
             procs.append(RankProcess(k, self._argv(k, list(argv)), e, self._preexec(k),
                                      throttle=self.spec.compute[k] if self.spec.simulate else 1.0))
         return supervise(procs, timeout, capture)

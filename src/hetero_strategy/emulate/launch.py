@@ -46,6 +46,7 @@ class RunResult:
     wall_s: float = 0.0
     timed_out: bool = False
     failed_rank: int | None = None
+    restarts: int = 0  # attempts after the first (EmulatedCluster.run(max_restarts=...))
 
     @property
     def ok(self) -> bool:
