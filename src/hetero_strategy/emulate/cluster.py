@@ -169,15 +169,16 @@ class EmulatedCluster:
         attempts; ``on_restart(result, attempt)`` is told of each restart.
         """
         deadline = time.monotonic() + timeout
-        for attempt in range(max_restarts + 1):
+        attempt = 0
+        while True:  # at most max_restarts + 1 attempts
             extra = dict(env or {}, TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(max_restarts))
             result = self._run_once(argv, max(1.0, deadline - time.monotonic()), extra, ranks, capture, attempt)
             result.restarts = attempt
             if result.ok or result.timed_out or attempt == max_restarts:
                 return result
+            attempt += 1
             if on_restart is not None:
-                on_restart(result, attempt + 1)
-        raise AssertionError("unreachable")  # pragma: no cover
+                on_restart(result, attempt)
 
     def _run_once(self, argv: Sequence[str], timeout: float, env: dict[str, str], ranks: Sequence[int] | None,
                   capture: bool, attempt: int) -> RunResult:

@@ -22,7 +22,6 @@ size logged (docs/reliability.md says why).
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import re
 import shutil
@@ -41,8 +40,6 @@ from hetero_strategy.runtime.snapshot import RUN, module_of, optimizers_of, snap
 from hetero_strategy.runtime.stall import StallError
 
 __all__ = ["Checkpointer", "Resumed"]
-
-log = logging.getLogger("hetero_strategy")
 
 _COMPLETE = re.compile(r"^step_(\d{8,})$")
 _PARTIAL = ".partial"
@@ -134,10 +131,6 @@ class Checkpointer:
         if self._future is not None and self._future.done():
             self.wait()
         return self.schedule.due(self.runtime.steps if step is None else step)  # steps done, after step_end
-
-    def due(self, steps: int) -> bool:
-        """Whether a save is due after ``steps`` optimizer steps (the same answer on every rank)."""
-        return self.schedule.due(steps)
 
     def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
         """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""

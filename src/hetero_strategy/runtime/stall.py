@@ -109,7 +109,7 @@ class StallWatch:
         self.period_s = period_s if period_s is not None else min(1.0, timeout_s / 4)
         self.where, self.step = "setup", 0
         self._stop = threading.Event()
-        self._store = client_store(min(5.0, timeout_s))
+        self._store = _client_store(min(5.0, timeout_s))
         # NOTE: keys carry the elastic restart count: an agent's store outlives the workers it restarts
         self._prefix = f"hetero/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._thread: threading.Thread | None = None
@@ -173,7 +173,7 @@ class StallWatch:
         return ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
 
 
-def client_store(timeout_s: float) -> Any:
+def _client_store(timeout_s: float) -> Any:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None
