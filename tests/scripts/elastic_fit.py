@@ -109,7 +109,7 @@ def _crash_inside_write(ckpt: Checkpointer, step: int) -> None:
 
     def write_then_die(*a, **k):
         out = original(*a, **k)
-        if ckpt._writing is not None and ckpt._writing.name.startswith(f"step_{step:08d}"):
+        if ckpt.writer.writing is not None and ckpt.writer.writing.name.startswith(f"step_{step:08d}"):
             os.kill(os.getpid(), signal.SIGKILL)
         return out
 

@@ -21,28 +21,24 @@ size logged (docs/reliability.md says why).
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import shutil
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.save_schedule import SaveSchedule
-from hetero_strategy.runtime.snapshot import RUN, module_of, optimizers_of, snapshot, unblob
-from hetero_strategy.runtime.stall import StallError
+from hetero_strategy.runtime.sharded_io import PARTIAL, ShardedWriter, read_or_explain, remove_committed
+from hetero_strategy.runtime.snapshot import RUN, module_of, optimizers_of, restore_rng, snapshot, unblob
 
-__all__ = ["Checkpointer", "Resumed"]
+__all__ = ["Checkpointer", "Resumed", "read_small", "restore_hetero"]
 
 _COMPLETE = re.compile(r"^step_(\d{8,})$")
-_PARTIAL = ".partial"
 _SHARED_STORE = ("hetero: torchrun restarts workers on the rendezvous store of the first attempt, where the "
                  "restarted ranks can read the previous attempt's addresses and hang or fail to connect at "
                  "init_process_group (pytorch/pytorch#135712). Launch with --rdzv-backend c10d and "
@@ -92,30 +88,23 @@ class Checkpointer:
         self.stateful = dict(stateful or {})
         self.directory = Path(directory)
         self.keep = keep if keep is not None else cfg.keep_checkpoints
-        self._distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         # NOTE: every rank looks (the directory is shared), so every rank refuses alike, before any collective
         if cfg.resume == "never" and self.complete():
             raise ConfigError(f"checkpoint_dir={str(self.directory)!r} is invalid with resume='never': it holds "
                               f"checkpoints of an earlier run ({self.complete()[-1].name}), which would mix with "
                               "this run's; empty it, use another directory, or resume='auto'")
-        # NOTE: DCP's async write runs collectives from its own thread: a group of its own keeps
-        # them apart from the step's. Its timeout bounds a write a dead peer never finishes.
-        timeout = datetime.timedelta(seconds=max(600.0, 10 * cfg.stall_timeout_s))
-        self._group = dist.new_group(backend="gloo", timeout=timeout) if self._distributed else None
+        self.writer = ShardedWriter(runtime)
         self.schedule = SaveSchedule(self.rank, every_steps if every_steps is not None else cfg.checkpoint_every_steps,
-                                     every_s if every_s is not None else cfg.checkpoint_every_s, self._distributed)
-        self._future: Any = None
-        self._writing: Path | None = None
-        self._committed = threading.Event()
-        self._commit_error: BaseException | None = None
+                                     every_s if every_s is not None else cfg.checkpoint_every_s,
+                                     self.writer.distributed)
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for stale in self.directory.glob(f"step_*{_PARTIAL}"):  # a crash's leftovers
+            for stale in self.directory.glob(f"step_*{PARTIAL}"):  # a crash's leftovers
                 shutil.rmtree(stale, ignore_errors=True)
             if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 \
                     and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 runtime.warn(_SHARED_STORE)
-        self._barrier()
+        self.writer.barrier()
 
     # ---- saving ----------------------------------------------------------------------
     def step_end(self, model: Any, optimizer: Any, step: int | None = None) -> bool:
@@ -126,61 +115,27 @@ class Checkpointer:
         return True
 
     def poll(self, step: int | None = None) -> bool:
-        """Once per optimizer step, on every rank: surface a finished write's error, and say whether
-        a save is due now (an adapter may save a moment later, once the scheduler has stepped)."""
-        if self._future is not None and self._future.done():
-            self.wait()
+        """Once per optimizer step, on every rank: surface a finished write's error, and say whether a save is due now (an adapter may
+        save a moment later, once the scheduler has stepped)."""
+        self.writer.check()
         return self.schedule.due(self.runtime.steps if step is None else step)  # steps done, after step_end
 
     def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
         """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""
-        self.wait()  # one write in flight at a time
         step = self.runtime.steps if step is None else step
         final = self.directory / f"step_{step:08d}"
-        writing = final.with_name(final.name + _PARTIAL)
-        state = snapshot(self.runtime, model, optimizer, self.stateful)
-        with self.runtime.phase("checkpoint"):
-            self._future = dcp.async_save(state, checkpoint_id=writing, process_group=self._group,
-                                          no_dist=not self._distributed)
-        self._writing, self._committed = writing, threading.Event()
-        # NOTE: rank 0 commits from the writer thread the moment DCP's metadata is down, not at
-        # its next step: a job killed meanwhile keeps the checkpoint
-        self._future.add_done_callback(lambda f, w=writing, done=self._committed: self._commit(f, w, done))
+        self.writer.save(snapshot(self.runtime, model, optimizer, self.stateful), final)
+        self.writer.then(self._prune)
         self.schedule.saved()
         return final
 
+    def _prune(self) -> None:
+        for old in self.complete()[:-self.keep]:
+            remove_committed(old)
+
     def wait(self) -> None:
         """Finish the write in flight (rank 0 has then committed it); a failed write raises here."""
-        if self._future is None:
-            return
-        future, committed = self._future, self._committed
-        self._future = self._writing = None
-        with self.runtime.phase("checkpoint"):
-            future.result()
-        committed.wait()
-        if self._commit_error is not None:
-            error, self._commit_error = self._commit_error, None
-            raise error
-
-    def _commit(self, future: Any, writing: Path, done: threading.Event) -> None:
-        """Rank 0: rename the written directory to its final name, then drop the oldest beyond ``keep``."""
-        try:
-            if self.rank == 0 and future.exception() is None:
-                final = writing.with_name(writing.name.removesuffix(_PARTIAL))
-                if final.exists():  # the same step saved again after a restart: out of the way first
-                    old = final.with_name(f"{final.name}.replaced{_PARTIAL}")
-                    os.replace(final, old)
-                    shutil.rmtree(old, ignore_errors=True)
-                os.replace(writing, final)
-                _fsync_dir(self.directory)
-                for old in self.complete()[:-self.keep]:  # renamed first: never a half-deleted complete name
-                    gone = old.with_name(old.name + _PARTIAL)
-                    os.replace(old, gone)
-                    shutil.rmtree(gone, ignore_errors=True)
-        except Exception as e:  # noqa: BLE001 - raised by wait(), in the training thread
-            self._commit_error = e
-        finally:
-            done.set()
+        self.writer.wait()
 
     def close(self) -> None:
         """Wait for the last write (the end of training)."""
@@ -204,77 +159,64 @@ class Checkpointer:
         if self.rank == 0:
             complete = self.complete()
             newest = [str(complete[-1]) if complete else None]
-        if self._distributed:  # rank 0's listing, so every rank reads the same one
-            dist.broadcast_object_list(newest, src=0, group=self._group)
+        if self.writer.distributed:  # rank 0's listing, so every rank reads the same one
+            dist.broadcast_object_list(newest, src=0, group=self.writer.group)
         if newest[0] is None:
             return None
         path = Path(newest[0])
-        keys = self._read(path, lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-        saved_world = sum(1 for k in keys if k.startswith("hetero.rank"))
-        same = saved_world == self.world_size
-        # First the small parts: a refused checkpoint leaves the model untouched (DCP loads in place).
-        small: dict[str, Any] = {RUN: None, "optim": None,
-                                 **{f"extra.{k}": None for k in self.stateful if f"extra.{k}" in keys}}
-        if same:
-            small[f"hetero.rank{self.rank}"] = None
-        elif self.rank == 0:
-            small.update({f"hetero.lost{r}": None for r in range(saved_world)})
-        self._load(path, small)
-        run = self._read(path, lambda: unblob(small[RUN]))
-        self.runtime.check_compatible(run["config"], f"checkpoint {path}")
+        extras = [f"extra.{k}" for k in self.stateful]
+        small = read_small(self.writer, path, ["optim", *extras])
         module = module_of(model)
-        self._load(path, {"model": module.state_dict()})  # in place, into the parameters
-        for opt, state in zip(optimizers_of(optimizer), self._read(path, lambda: unblob(small["optim"])), strict=True):
+        self.writer.load(path, {"model": module.state_dict()})  # in place, into the parameters
+        for opt, state in zip(optimizers_of(optimizer), read_or_explain(path, lambda: unblob(small["optim"])),
+                              strict=True):
             opt.load_state_dict(state)
         for k, v in self.stateful.items():
-            if f"extra.{k}" in small:
+            if small.get(f"extra.{k}") is not None:
                 v.load_state_dict(unblob(small[f"extra.{k}"]))
-        if same:
-            self.runtime.load_state_dict(unblob(small[f"hetero.rank{self.rank}"]))
-        else:
-            self.runtime.load_other_world(run)
-            if self.rank == 0:
-                self._say_dropped(run, [unblob(small[f"hetero.lost{r}"]) for r in range(saved_world)])
+        run = restore_hetero(self.runtime, path, small)
         epoch = self.runtime.sampler.position[0] if self.runtime.sampler is not None else run["epoch"]
         self.runtime.info(f"hetero: resumed from {path} after {run['steps']} steps (epoch {epoch})")
-        return Resumed(path, int(run["steps"]), int(epoch), saved_world)
-
-    def _load(self, path: Path, state: dict[str, Any]) -> None:
-        with self.runtime.phase("checkpoint"):
-            self._read(path, lambda: dcp.load(state, checkpoint_id=path, process_group=self._group,
-                                              no_dist=not self._distributed))
-
-    @staticmethod
-    def _read(path: Path, read: Any) -> Any:
-        """``read()``, with a damaged or foreign file said in one line (nothing else is caught)."""
-        try:
-            return read()
-        except (ConfigError, StallError):
-            raise
-        except (CheckpointException, OSError, EOFError, ValueError, KeyError, RuntimeError) as e:
-            cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP: each rank's (error, traceback)
-            cause = cause[0] if isinstance(cause, tuple) else cause
-            first = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
-            raise ConfigError(f"checkpoint {str(path)!r} is invalid: it cannot be read ({first}); it is cut off or "
-                              "not a hetero_strategy checkpoint. Delete it to resume from the one before, or set "
-                              "resume='never' to start fresh") from None
-
-    def _say_dropped(self, run: dict, lost: list[dict]) -> None:
-        values = sum(x["values"] for x in lost)
-        l1 = sum(x["l1"] for x in lost)
-        self.runtime.warn(f"hetero: checkpoint of {run['world_size']} ranks resumed on {self.world_size}: batch "
-                          f"shares are planned for the new world and the error-feedback residuals of all "
-                          f"{run['world_size']} old ranks are dropped ({values} values, L1 norm {l1:.6g})")
-
-    def _barrier(self) -> None:
-        if self._distributed:
-            dist.barrier(group=self._group)
+        return Resumed(path, int(run["steps"]), int(epoch), int(run["world_size"]))
 
 
-def _fsync_dir(path: Path) -> None:
-    """The rename itself on disk (a power cut after the commit keeps it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, Any]:
+    """The run record, this rank's hetero state (or every old rank's residual size under another
+    world size) and the blobs ``keys`` that the checkpoint holds, without touching any model
+    (collective). A checkpoint refused here leaves the model untouched: DCP loads in place."""
+    saved = read_or_explain(path, lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    rank, world = writer.rank, writer.runtime.world_size
+    saved_world = sum(1 for k in saved if k.startswith("hetero.rank"))
+    small: dict[str, Any] = {RUN: None, **{k: None for k in keys if k in saved}}
+    if saved_world == world:
+        small.update({k: None for k in (f"hetero.rank{rank}", f"hetero.rng{rank}") if k in saved})
+    elif rank == 0:
+        small.update({f"hetero.lost{r}": None for r in range(saved_world)})
+    writer.load(path, small)
+    small["run"] = run = read_or_explain(path, lambda: unblob(small[RUN]))
+    small["saved_world"] = saved_world
+    writer.runtime.check_compatible(run["config"], f"checkpoint {path}")
+    return small
+
+
+def restore_hetero(runtime: Any, path: Path, small: dict[str, Any]) -> dict[str, Any]:
+    """Put :func:`read_small`'s hetero state into ``runtime``; returns the run record.
+
+    Under the same world size each rank takes its own state back (and its RNG states). Under
+    another, the steps, schedule step and data position carry over, shares are planned anew and
+    every old rank's residuals are dropped, with their size logged (docs/reliability.md).
+    """
+    run = small["run"]
+    if small["saved_world"] == runtime.world_size:
+        runtime.load_state_dict(unblob(small[f"hetero.rank{runtime.rank}"]))
+        if small.get(f"hetero.rng{runtime.rank}") is not None:
+            restore_rng(unblob(small[f"hetero.rng{runtime.rank}"]))
+        return run
+    runtime.load_other_world(run)
+    if runtime.rank == 0:
+        lost = [unblob(small[f"hetero.lost{r}"]) for r in range(small["saved_world"])]
+        values, l1 = sum(x["values"] for x in lost), sum(x["l1"] for x in lost)
+        runtime.warn(f"hetero: checkpoint of {run['world_size']} ranks resumed on {runtime.world_size}: batch "
+                     f"shares are planned for the new world and the error-feedback residuals of all "
+                     f"{run['world_size']} old ranks are dropped ({values} values, L1 norm {l1:.6g})")
+    return run

@@ -8,6 +8,8 @@ Keys of the DCP state dict:
   state, and an adapter that wraps ``step`` (the Accelerate plugin) would count that as a step;
 * ``hetero.run``: world size, steps, data position, schedule step, config (replicated);
 * ``hetero.rank<r>`` / ``hetero.lost<r>``: rank r's runtime state, and the size of its residuals;
+* ``hetero.rng<r>``: rank r's random number generators (torch, CUDA, numpy, Python), so dropout
+  and augmentation draw after a resume what they would have drawn without the interruption;
 * ``extra.<name>``: any other state (e.g. LR schedulers), replicated.
 
 Blobs are ``torch.save`` bytes: DCP would otherwise flatten a nested dict into keys a load must
@@ -17,12 +19,15 @@ know in advance.
 from __future__ import annotations
 
 import io
+import random
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["RUN", "blob", "module_of", "optimizers_of", "residual_size", "snapshot", "unblob"]
+__all__ = ["RUN", "blob", "hetero_snapshot", "module_of", "optimizers_of", "residual_size", "restore_rng", "snapshot",
+           "unblob"]
 
 RUN = "hetero.run"
 
@@ -41,15 +46,34 @@ def optimizers_of(optimizer: Any) -> list[Any]:
 
 def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any]) -> dict[str, Any]:
     """The state dict one rank hands to DCP (host copies are DCP's staging, right after)."""
+    return {"model": module_of(model).state_dict(), "optim": blob([o.state_dict() for o in optimizers_of(optimizer)]),
+            **hetero_snapshot(runtime), **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}
+
+
+def hetero_snapshot(runtime: Any) -> dict[str, Any]:
+    """This rank's hetero keys: the run record (replicated), its own state, residual size and RNGs."""
     mine = runtime.state_dict()
     sampler = runtime.sampler
     epoch, samples = sampler.position if sampler is not None else (0, 0)
     run = {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
            "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
-    return {"model": module_of(model).state_dict(), "optim": blob([o.state_dict() for o in optimizers_of(optimizer)]),
-            RUN: blob(run), f"hetero.rank{runtime.rank}": blob(mine),
-            f"hetero.lost{runtime.rank}": blob(residual_size(mine.get("hook") or {})),
-            **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}
+    rank = runtime.rank
+    return {RUN: blob(run), f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
+            f"hetero.rng{rank}": blob(_rng_state())}
+
+
+def _rng_state() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back :func:`_rng_state`'s generators (the CUDA one on this rank's current device)."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
 
 
 def blob(obj: Any) -> bytes:

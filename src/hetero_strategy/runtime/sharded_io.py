@@ -1,0 +1,167 @@
+"""Asynchronous, atomic ``torch.distributed.checkpoint`` writes, and readable read errors.
+
+One write is in flight at a time. It goes to ``<final>.partial/``; once every rank's data and
+DCP's metadata are down, rank 0 renames it to ``<final>/`` from the writer thread (the commit,
+atomic on POSIX) and fsyncs the parent directory, so a job killed at any moment keeps the newest
+committed checkpoint readable. Both checkpoint front ends use it: :class:`~hetero_strategy.
+runtime.checkpoint.Checkpointer` (HeteroPlugin, bare DDP) and HeteroStrategy's
+``state_dict_type="sharded"`` (Lightning's own checkpoints).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from hetero_strategy.config import ConfigError
+from hetero_strategy.runtime.stall import StallError
+
+__all__ = ["PARTIAL", "ShardedWriter", "is_sharded", "read_or_explain", "remove_committed"]
+
+PARTIAL = ".partial"
+
+
+def is_sharded(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a committed DCP checkpoint directory (its metadata file is written last)."""
+    return (Path(path) / ".metadata").is_file()
+
+
+class ShardedWriter:
+    """Writes and reads DCP checkpoints on a gloo group of its own; collective: every rank builds one.
+
+    Args:
+        runtime: the run's runtime (its rank, ``phase`` for stall errors, config for the timeout).
+    """
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime, self.rank = runtime, runtime.rank
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # NOTE: DCP's async write runs collectives from its own thread: a group of its own keeps
+        # them apart from the step's. Its timeout bounds a write a dead peer never finishes.
+        timeout = datetime.timedelta(seconds=max(600.0, 10 * runtime.config.reliability.stall_timeout_s))
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self._future: Any = None
+        self.writing: Path | None = None  # the directory being written, while a write is in flight
+        self._committed = threading.Event()
+        self._commit_error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._after: list[Callable[[], None]] = []
+
+    def save(self, state: dict[str, Any], final: Path) -> None:
+        """Start writing ``state`` (this rank's part) to ``final`` (collective); the state is staged
+        to host memory before this returns, so training may change it right after."""
+        self.wait()  # one write in flight at a time
+        self.writing = writing = final.with_name(final.name + PARTIAL)
+        if self.rank == 0 and writing.exists():  # a crash's leftover under the same name
+            shutil.rmtree(writing, ignore_errors=True)
+        self.barrier()
+        with self.runtime.phase("checkpoint"):
+            future = dcp.async_save(state, checkpoint_id=writing, process_group=self.group,
+                                    no_dist=not self.distributed)
+        with self._lock:
+            self._future, self._committed = future, threading.Event()
+        # NOTE: rank 0 commits from the writer thread the moment DCP's metadata is down, not at
+        # its next step: a job killed meanwhile keeps the checkpoint
+        future.add_done_callback(lambda f, w=writing, done=self._committed: self._commit(f, w, done))
+
+    def then(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on rank 0 once the write in flight is committed (now when none is), e.g.
+        removing an older checkpoint: a crash during the new write must still find the old one."""
+        if self.rank != 0:
+            return
+        with self._lock:
+            if self._future is not None and not self._committed.is_set():
+                self._after.append(action)
+                return
+        action()
+
+    def check(self) -> None:
+        """Surface a finished write's error now (cheap: nothing waits for a write still running)."""
+        with self._lock:
+            done = self._future is not None and self._future.done()
+        if done:
+            self.wait()
+
+    def wait(self) -> None:
+        """Finish the write in flight (rank 0 has then committed it); a failed write raises here."""
+        with self._lock:
+            future, committed, self._future = self._future, self._committed, None
+        self.writing = None
+        if future is None:
+            return
+        with self.runtime.phase("checkpoint"):
+            future.result()
+        committed.wait()
+        if self._commit_error is not None:
+            error, self._commit_error = self._commit_error, None
+            raise error
+
+    def _commit(self, future: Any, writing: Path, done: threading.Event) -> None:
+        """Rank 0: rename the written directory to its final name, then the actions waiting for it."""
+        try:
+            if self.rank == 0 and future.exception() is None:
+                final = writing.with_name(writing.name.removesuffix(PARTIAL))
+                if final.exists():  # the same name saved again (a restart, Lightning's last.ckpt)
+                    remove_committed(final)
+                os.replace(writing, final)
+                _fsync_dir(final.parent)
+                with self._lock:
+                    actions, self._after = self._after, []
+                for action in actions:
+                    action()
+        except Exception as e:  # noqa: BLE001 - raised by wait(), in the training thread
+            self._commit_error = e
+        finally:
+            with self._lock:
+                done.set()
+
+    def load(self, path: Path, state: dict[str, Any], *, collective: bool = True) -> None:
+        """Fill ``state`` in place from ``path``; ``collective=False`` reads on this rank alone."""
+        distributed = self.distributed and collective
+        with self.runtime.phase("checkpoint"):
+            read_or_explain(path, lambda: dcp.load(state, checkpoint_id=path, process_group=self.group,
+                                                   no_dist=not distributed))
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+
+def remove_committed(path: Path) -> None:
+    """Remove a committed checkpoint: renamed first, so no complete-looking half is ever left."""
+    gone = path.with_name(path.name + f".removed{PARTIAL}")
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def read_or_explain(path: Path, read: Callable[[], Any]) -> Any:
+    """``read()``, with a damaged or foreign checkpoint said in one line (nothing else is caught)."""
+    try:
+        return read()
+    except (ConfigError, StallError):
+        raise
+    except (CheckpointException, OSError, EOFError, ValueError, KeyError, RuntimeError) as e:
+        cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP: each rank's (error, traceback)
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        first = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
+        raise ConfigError(f"checkpoint {str(path)!r} is invalid: it cannot be read ({first}); it is cut off or "
+                          "not a hetero_strategy checkpoint. Delete it to resume from the one before, or set "
+                          "resume='never' to start fresh") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    """The rename itself on disk (a power cut after the commit keeps it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
