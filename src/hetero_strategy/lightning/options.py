@@ -36,13 +36,14 @@ def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 def check_checkpoint_dir(config: Any) -> None:
-    """Lightning schedules and writes its own checkpoints; periodic DCP checkpoints are not wired here yet."""
+    """Lightning schedules its own checkpoints (ModelCheckpoint); HeteroStrategy only writes them."""
     directory = config.reliability.checkpoint_dir
     if directory is not None:
         raise ConfigError(f"checkpoint_dir={directory!r} is invalid with HeteroStrategy: Lightning saves "
                           "checkpoints itself. Use ModelCheckpoint(every_n_train_steps=... or train_time_interval="
-                          "...) and Trainer.fit(ckpt_path='last'): every rank's hetero state (residuals, shares, "
-                          "data position) rides in them; checkpoint_dir is for HeteroPlugin and bare DDP")
+                          "...) and Trainer.fit(ckpt_path='last'), with HeteroStrategy(state_dict_type='sharded') for "
+                          "asynchronous per-rank shards: every rank's hetero state (residuals, shares, data "
+                          "position) rides in them; checkpoint_dir is for HeteroPlugin and bare DDP")
 
 
 def dropping_nonfinite(closure: Callable[[], Any], optimizer: Any, runtime: Any) -> Callable[[], Any]:

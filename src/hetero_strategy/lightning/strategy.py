@@ -9,7 +9,8 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
     optimizer_step        -> the non-finite rule, per-rank timings, metrics
-    save/load_checkpoint  -> every rank's sampler and hook state (Lightning saves rank 0 only)
+    save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
+                             each rank's own shard, asynchronously (state_dict_type="sharded")
 
 Example::
 
@@ -39,6 +40,7 @@ from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
+from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
 from hetero_strategy.lightning.options import (
@@ -52,10 +54,8 @@ from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
 __all__ = ["HeteroStrategy"]
 
-_CKPT_KEY = "hetero_strategy"
 
-
-class HeteroStrategy(DDPStrategy):
+class HeteroStrategy(CheckpointFormats, DDPStrategy):
     """DDP for heterogeneous clusters.
 
     The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
@@ -78,6 +78,8 @@ class HeteroStrategy(DDPStrategy):
         calibrate: keep moving the batch shares toward equal finishing times while training.
         compression: the comm hook: none, topk, tiered, onebit, fp16, bf16 or powersgd.
         precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
+        state_dict_type: "full" (Lightning's single checkpoint file, written by rank 0) or "sharded"
+            (a directory: every rank writes its own shard asynchronously; see docs/reliability.md).
         **kwargs: any other field of :class:`HeteroConfig` (``tiers``, ``pipeline_stages`` ...);
             the remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
     """
@@ -98,6 +100,7 @@ class HeteroStrategy(DDPStrategy):
         calibrate: bool | None = None,
         compression: str | None = None,
         precision_policy: str | list[str] | dict[str, str] | None = None,
+        state_dict_type: str = "full",
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -116,6 +119,8 @@ class HeteroStrategy(DDPStrategy):
         self.hetero_config = HeteroConfig.resolve(config, flat)
         check_ddp_kwargs(kwargs)
         check_checkpoint_dir(self.hetero_config)
+        check_state_dict_type(state_dict_type)
+        self.state_dict_type = state_dict_type
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -216,6 +221,7 @@ class HeteroStrategy(DDPStrategy):
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
         self._runtime.setup_precision(self.root_device)
+        self.setup_checkpoint_writer()
 
     @override
     def _register_ddp_hooks(self) -> None:
@@ -288,37 +294,7 @@ class HeteroStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
+        self.wait_for_checkpoint()
         if self._runtime is not None:
             self._runtime.close()
         super().teardown()
-
-    # ---- checkpoints ---------------------------------------------------------------------
-    def hetero_state_dict(self) -> dict:
-        """This rank's hetero state: sampler schedule, hook state (e.g. residuals), calibrator."""
-        return self.runtime.state_dict()
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # NOTE: Lightning writes rank 0's checkpoint only; per-rank state (error-feedback
-        # residuals) would be lost, so every rank's state is gathered into it first.
-        with self.runtime.phase("checkpoint"):
-            checkpoint[_CKPT_KEY] = self.runtime.gathered_state_dict()
-        super().save_checkpoint(checkpoint, filepath, storage_options)
-
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        try:
-            checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        except (RuntimeError, EOFError) as e:
-            # NOTE: only torch.load's words for a cut-off or foreign file; weights-only refusals and
-            # out-of-memory errors carry their own instructions and pass through unchanged
-            words = str(e).lower()
-            if not isinstance(e, EOFError) and "zip archive" not in words and "central directory" not in words:
-                raise
-            raise ConfigError(f"ckpt_path={str(checkpoint_path)!r} is invalid: it cannot be read as a checkpoint "
-                              f"({str(e).splitlines()[0][:200]}); it is truncated or not a Lightning checkpoint: "
-                              "pass a complete one") from e
-        saved = checkpoint.get(_CKPT_KEY)
-        if saved is not None:
-            self.runtime.load_gathered_state_dict(saved)
-        return checkpoint
