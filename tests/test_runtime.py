@@ -125,3 +125,28 @@ def test_probe_plans_a_split_that_keeps_semantics():
     oracle = one_process_sgd(make_data(70), 16, 5, shuffle=True)
     for got, want in zip(out[0]["weights"], oracle.parameters()):
         torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_checkpoint_resumed_on_another_world_size_keeps_the_data_position():
+    """Lightning's full format / Accelerate's save_state: 2 ranks -> 3 ranks, as an elastic restart."""
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.runtime import HeteroRuntime
+
+    data = DataLoader(make_data(96), batch_size=8)
+    old = HeteroRuntime(HeteroConfig.from_flat(batch_sizes=[6, 10]), 0, 2)
+    batches = iter(old.train_loader(data, seed=0))
+    for _ in range(3):  # three steps of G = 16 trained: 48 samples of epoch 0
+        next(batches)
+        old.batch_start()
+        old.step_end()
+    saved = old.gathered_state_dict()
+    warned: list[str] = []
+    new = HeteroRuntime(HeteroConfig(), 0, 3, warn=warned.append)
+    assert new.load_gathered_state_dict(saved) is False
+    loader = new.train_loader(DataLoader(make_data(96), batch_size=5), seed=0)  # G = 15 on 3 ranks
+    assert new.steps == 3 and new.sampler.position == (0, 45)  # 3 whole batches of 15: 3 samples repeat
+    assert "checkpoint of 2 ranks resumed on 3" in warned[0]
+    first = next(iter(loader))[1]
+    assert torch.equal(first, make_data(96).tensors[1][45:45 + len(first)])  # goes on at sample 45

@@ -34,7 +34,15 @@ import torch.distributed.checkpoint as dcp
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.save_schedule import SaveSchedule
 from hetero_strategy.runtime.sharded_io import PARTIAL, ShardedWriter, read_or_explain, remove_committed
-from hetero_strategy.runtime.snapshot import RUN, module_of, optimizers_of, restore_rng, snapshot, unblob
+from hetero_strategy.runtime.snapshot import (
+    RUN,
+    dropped_message,
+    module_of,
+    optimizers_of,
+    restore_rng,
+    snapshot,
+    unblob,
+)
 
 __all__ = ["Checkpointer", "Resumed", "read_small", "restore_hetero"]
 
@@ -215,8 +223,5 @@ def restore_hetero(runtime: Any, path: Path, small: dict[str, Any]) -> dict[str,
     runtime.load_other_world(run)
     if runtime.rank == 0:
         lost = [unblob(small[f"hetero.lost{r}"]) for r in range(small["saved_world"])]
-        values, l1 = sum(x["values"] for x in lost), sum(x["l1"] for x in lost)
-        runtime.warn(f"hetero: checkpoint of {run['world_size']} ranks resumed on {runtime.world_size}: batch "
-                     f"shares are planned for the new world and the error-feedback residuals of all "
-                     f"{run['world_size']} old ranks are dropped ({values} values, L1 norm {l1:.6g})")
+        runtime.warn(dropped_message(run["world_size"], runtime.world_size, lost))
     return run

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RUN", "blob", "hetero_snapshot", "module_of", "optimizers_of", "residual_size", "restore_rng", "snapshot",
-           "unblob"]
+__all__ = ["RUN", "blob", "dropped_message", "hetero_snapshot", "module_of", "optimizers_of", "residual_size",
+           "restore_rng", "run_record", "snapshot", "unblob"]
 
 RUN = "hetero.run"
 
@@ -53,13 +53,17 @@ def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any])
 def hetero_snapshot(runtime: Any) -> dict[str, Any]:
     """This rank's hetero keys: the run record (replicated), its own state, residual size and RNGs."""
     mine = runtime.state_dict()
+    rank = runtime.rank
+    return {RUN: blob(run_record(runtime, mine)), f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
+            f"hetero.rng{rank}": blob(_rng_state())}
+
+
+def run_record(runtime: Any, mine: dict[str, Any]) -> dict[str, Any]:
+    """What any world size can resume from: steps, data position, schedule step, config."""
     sampler = runtime.sampler
     epoch, samples = sampler.position if sampler is not None else (0, 0)
-    run = {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
-           "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
-    rank = runtime.rank
-    return {RUN: blob(run), f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
-            f"hetero.rng{rank}": blob(_rng_state())}
+    return {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
+            "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
 
 
 def _rng_state() -> dict[str, Any]:
@@ -91,3 +95,11 @@ def residual_size(hook: dict) -> dict[str, float]:
     """How much error feedback a rank holds: residual values and their L1 norm (PowerSGD's errors too)."""
     tensors = [*(hook.get("residuals") or {}).values(), *((hook.get("powersgd") or {}).get("error_dict") or {}).values()]
     return {"values": sum(t.numel() for t in tensors), "l1": float(sum(t.abs().sum() for t in tensors))}
+
+
+def dropped_message(old_world: int, new_world: int, lost: list[dict[str, float]]) -> str:
+    """What a resume under another world size drops: every old rank's residuals (``residual_size``)."""
+    values, l1 = sum(x["values"] for x in lost), sum(x["l1"] for x in lost)
+    return (f"hetero: checkpoint of {old_world} ranks resumed on {new_world}: batch shares are planned for the new "
+            f"world and the error-feedback residuals of all {old_world} old ranks are dropped ({values} values, "
+            f"L1 norm {l1:.6g})")

@@ -8,6 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hetero_strategy.config import ConfigError
+from hetero_strategy.runtime.snapshot import dropped_message, residual_size, run_record
 
 __all__ = ["RuntimeState"]
 
@@ -39,18 +40,24 @@ class RuntimeState:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
             dist.gather_object(mine, gathered, dst=0)
-        return {"ranks": gathered, "config": self.config.to_record()}
+        return {"ranks": gathered, "config": self.config.to_record(), "run": run_record(self, mine)}
 
     def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
-        """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world size."""
+        """Take this rank's part of :meth:`gathered_state_dict`; False (and a warning) on a new world
+        size, where the steps, schedule step and data position carry over (:meth:`load_other_world`)."""
         ranks = saved["ranks"]
-        if len(ranks) != self.world_size:
-            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
-                      f"{self.world_size}; batch plan and residuals start fresh")
-            return False
         self.check_compatible(saved.get("config"), "checkpoint")
-        self.load_state_dict(dict(ranks[self.rank]))
-        return True
+        if len(ranks) == self.world_size:
+            self.load_state_dict(dict(ranks[self.rank]))
+            return True
+        if saved.get("run") is None:  # written before the run record existed
+            self.warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
+                      f"{self.world_size}; batch plan, data position and residuals start fresh")
+            return False
+        self.load_other_world(saved["run"])
+        self.info_warning(dropped_message(saved["run"]["world_size"], self.world_size,
+                                          [residual_size(r.get("hook") or {}) for r in ranks]))
+        return False
 
     def check_compatible(self, record: dict[str, Any] | None, source: str) -> None:
         """Refuse state saved under another compression method: its residuals mean something else."""
