@@ -226,6 +226,38 @@ def test_accelerate_plugin_checkpoints_periodically_and_resumes_exactly(tmp_path
         assert all(torch.equal(x, y) for x, y in zip(a["weights"], b["weights"], strict=True))
 
 
+def _scaled_fit(rank: int, world: int, ckpt_dir: str, steps: int) -> dict:
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    acc = Accelerator(cpu=True)
+    # NOTE: Accelerate builds a GradScaler for fp16 on GPUs only; a CPU one stands in, doubling
+    # its scale after every step (growth_interval=1), so the scale counts the steps it saw
+    acc.scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
+    plugin = HeteroPlugin(checkpoint_dir=ckpt_dir, checkpoint_every_steps=2, checkpoint_every_s=None)
+    net = make_net()
+    model, opt, loader = plugin.prepare(acc, net, torch.optim.SGD(net.parameters(), lr=0.01),
+                                        DataLoader(make_data(64), batch_size=8))
+    for x, y in loader:
+        if plugin.runtime.steps == steps:
+            break
+        acc.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+        opt.step()
+        opt.zero_grad()
+    plugin.close()
+    return {"resumed": None if plugin.resumed is None else plugin.resumed.steps, "scale": acc.scaler.get_scale()}
+
+
+def test_accelerate_grad_scaler_comes_back_with_the_checkpoint(tmp_path):
+    from dist_utils import run_distributed
+
+    first = run_distributed(_scaled_fit, 1, str(tmp_path), 2, timeout=120)[0]
+    again = run_distributed(_scaled_fit, 1, str(tmp_path), 3, timeout=120)[0]
+    assert (first["resumed"], first["scale"]) == (None, 4.0 * 2 ** 2)
+    assert (again["resumed"], again["scale"]) == (2, 4.0 * 2 ** 3)  # 2 saved steps + 1 more, not 1 step from 4
+
+
 def _time_based(rank: int, world: int, ckpt_dir: str) -> list[str]:
     import torch.distributed as dist
     from dist_utils import init_gloo

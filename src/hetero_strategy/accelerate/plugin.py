@@ -136,7 +136,10 @@ class HeteroPlugin:
         from accelerate.scheduler import AcceleratedScheduler
 
         schedulers = [o.scheduler for o in prepared if isinstance(o, AcceleratedScheduler)]
-        self.checkpoints = Checkpointer(self.runtime, stateful={f"scheduler{i}": s for i, s in enumerate(schedulers)})
+        stateful = {f"scheduler{i}": s for i, s in enumerate(schedulers)}
+        if getattr(self.accelerator, "scaler", None) is not None:  # its fp16 mixed precision's GradScaler
+            stateful["grad_scaler"] = self.accelerator.scaler
+        self.checkpoints = Checkpointer(self.runtime, stateful=stateful)
         self.resumed = self.checkpoints.resume(self._model, self._optimizers)
         if self.resumed is not None:
             loader.set_epoch(self.resumed.epoch)  # Accelerate's own epoch counter starts there
