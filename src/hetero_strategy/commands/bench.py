@@ -16,7 +16,7 @@ import importlib
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
-        "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost) or soak (a flapping link).")
+        "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost), soak (a flapping link) or hybrid (local-SGD phases).")
 
 __all__ = ["HELP", "MODES", "NAME", "add_arguments", "run"]
 
@@ -28,6 +28,7 @@ MODES = {
     "overlap": "pipelined Top-K: the codec against the exchange, overlap efficiency per stage count",
     "lengths": "variable-length samples dealt out by cost vs by count on a length-skewed text task",
     "soak": "a long calibrating run while one link flaps: throughput before, during and after; leaks",
+    "hybrid": "local-SGD phases (mode='hybrid') vs synchronous hetero and Top-K: time to a target accuracy",
 }
 
 
