@@ -130,12 +130,14 @@ class Checkpointer:
         a save is due now (an adapter may save a moment later, once the scheduler has stepped)."""
         if self._future is not None and self._future.done():
             self.wait()
-        return self.schedule.due(self.runtime.steps if step is None else step)  # steps done, after step_end
+        if step is None and not self.runtime.synced:  # hybrid: ranks between syncs are at different steps
+            return False
+        return self.schedule.due(self.runtime.checkpoint_step() if step is None else step)  # after step_end
 
     def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
         """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""
         self.wait()  # one write in flight at a time
-        step = self.runtime.steps if step is None else step
+        step = self.runtime.checkpoint_step() if step is None else step
         final = self.directory / f"step_{step:08d}"
         writing = final.with_name(final.name + _PARTIAL)
         state = snapshot(self.runtime, model, optimizer, self.stateful)
@@ -215,8 +217,11 @@ class Checkpointer:
         # First the small parts: a refused checkpoint leaves the model untouched (DCP loads in place).
         small: dict[str, Any] = {RUN: None, "optim": None,
                                  **{f"extra.{k}": None for k in self.stateful if f"extra.{k}" in keys}}
+        own_optim = f"hetero.optim{self.rank}"  # hybrid mode: this rank's own optimizer state
         if same:
             small[f"hetero.rank{self.rank}"] = None
+            if own_optim in keys:
+                small[own_optim] = None
         elif self.rank == 0:
             small.update({f"hetero.lost{r}": None for r in range(saved_world)})
         self._load(path, small)
@@ -224,7 +229,8 @@ class Checkpointer:
         self.runtime.check_compatible(run["config"], f"checkpoint {path}")
         module = module_of(model)
         self._load(path, {"model": module.state_dict()})  # in place, into the parameters
-        for opt, state in zip(optimizers_of(optimizer), self._read(path, lambda: unblob(small["optim"])), strict=True):
+        optim = small[own_optim] if small.get(own_optim) is not None else small["optim"]
+        for opt, state in zip(optimizers_of(optimizer), self._read(path, lambda: unblob(optim)), strict=True):
             opt.load_state_dict(state)
         for k, v in self.stateful.items():
             if f"extra.{k}" in small:

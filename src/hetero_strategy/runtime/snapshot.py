@@ -8,6 +8,9 @@ Keys of the DCP state dict:
   state, and an adapter that wraps ``step`` (the Accelerate plugin) would count that as a step;
 * ``hetero.run``: world size, steps, data position, schedule step, config (replicated);
 * ``hetero.rank<r>`` / ``hetero.lost<r>``: rank r's runtime state, and the size of its residuals;
+* ``hetero.optim<r>``: in hybrid mode, rank r's own optimizers (local phases keep them per rank),
+  and ``model`` is the last sync's anchor, the same on every rank mid-period too (each rank's
+  own tensors ride in its runtime state);
 * ``extra.<name>``: any other state (e.g. LR schedulers), replicated.
 
 Blobs are ``torch.save`` bytes: DCP would otherwise flatten a nested dict into keys a load must
@@ -46,7 +49,14 @@ def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any])
     epoch, samples = sampler.position if sampler is not None else (0, 0)
     run = {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
            "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
-    return {"model": module_of(model).state_dict(), "optim": blob([o.state_dict() for o in optimizers_of(optimizer)]),
+    model_state = module_of(model).state_dict()
+    optim = blob([o.state_dict() for o in optimizers_of(optimizer)])
+    own_optim = {}
+    hybrid = getattr(runtime, "hybrid", None)
+    if hybrid is not None:  # local phases: every rank's own optimizer, and the anchor as the model
+        model_state = hybrid.anchor_state(model_state)
+        own_optim = {f"hetero.optim{runtime.rank}": optim}
+    return {"model": model_state, "optim": optim, **own_optim,
             RUN: blob(run), f"hetero.rank{runtime.rank}": blob(mine),
             f"hetero.lost{runtime.rank}": blob(residual_size(mine.get("hook") or {})),
             **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}

@@ -1,0 +1,122 @@
+"""``HybridTraining``: the phase schedule and the local-step controller behind the runtime's events.
+
+An adapter (or a bare loop, through :class:`~hetero_strategy.runtime.HeteroRuntime`) calls it from
+five framework events: batch start (:meth:`local_step`), before the optimizer step
+(:meth:`before_optimizer_step`), after it (:meth:`step_end`), validation end (:meth:`evaluated`),
+and state_dict / load_state_dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from hetero_strategy.config import HybridConfig
+from hetero_strategy.hybrid.local_sgd import LocalSGD
+from hetero_strategy.hybrid.schedule import PhaseSchedule
+
+__all__ = ["HybridTraining"]
+
+Phase = Callable[[str], contextlib.AbstractContextManager]
+
+
+class HybridTraining:
+    """Which phase runs, its local steps and syncs, and their checkpointable state.
+
+    Args:
+        config: the ``hybrid`` section (``mode="hybrid"``).
+        rank, world_size: this rank and the job's size.
+        info: where phase switches are logged (rank 0 only).
+        phase: a context for collectives (the runtime's stall watch).
+    """
+
+    def __init__(self, config: HybridConfig, rank: int, world_size: int, info: Callable[[str], None],
+                 phase: Phase | None = None) -> None:
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.schedule = PhaseSchedule(config, info)
+        self.controller: LocalSGD | None = None
+        self._phase = phase
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._pending: dict[str, Any] | None = None
+        self.synced = True  # the last step ended at a sync point (every rank holds the same model)
+
+    @property
+    def local(self) -> bool:
+        """A local-SGD phase (models averaged every period), not the last, synchronous one."""
+        return not self.schedule.synchronous
+
+    @property
+    def syncs(self) -> int:
+        """Sync points passed (periods, then synchronous steps): the same number on every rank."""
+        return 0 if self.controller is None else self.controller.syncs
+
+    def attach(self, ddp_model: Any) -> None:
+        """Set up the controller on the DDP model (after its constructor broadcast the weights)."""
+        module = getattr(ddp_model, "module", ddp_model)
+        self.controller = LocalSGD(self.config, module, self.rank, self.world_size,
+                                   group=getattr(ddp_model, "process_group", None), phase=self._phase)
+        if self._pending is not None:
+            self.controller.load_state_dict(self._pending)
+            self._pending = None
+
+    # ---- events --------------------------------------------------------------------------
+    def local_step(self, ddp_model: Any) -> contextlib.AbstractContextManager:
+        """``no_sync`` for a local step's forward and backward; nothing in the synchronous phase."""
+        if not self.local:
+            return contextlib.nullcontext()
+        self._require_controller()
+        self.controller.begin_step()
+        no_sync = getattr(ddp_model, "no_sync", None)
+        return no_sync() if no_sync is not None else contextlib.nullcontext()
+
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """Clip the local gradient (local phases); remembers the optimizer for the phase change."""
+        self._optimizers.add(optimizer)
+        if self.local:
+            self._require_controller()
+            self.controller.clip()
+
+    def step_end(self, samples: float) -> bool:
+        """The optimizer step ended; True when it ended at a sync point (collective then)."""
+        self._require_controller()
+        if self.local:
+            self.synced = self.controller.step_end(samples, self.schedule.period)
+        else:
+            self.controller.synchronous_step()
+            self.synced = True
+        return self.synced
+
+    def evaluated(self, val_loss: float) -> bool:
+        """One evaluation, on every rank at a sync point (collective in local phases); True on a switch."""
+        if self.local and self.controller is not None and self.controller.count:
+            raise RuntimeError(f"hetero: evaluated() after {self.controller.count} local step(s) of a period: in a "
+                               "local-SGD phase the ranks' models differ and their step counts too; evaluate right "
+                               "after a sync (runtime.synced is True)")
+        switched = self.schedule.evaluated(val_loss)
+        if switched and not self.local and self.controller is not None:
+            self.controller.average_optimizers(list(self._optimizers))
+        return switched
+
+    def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:
+        """The model a checkpoint writes once for all ranks: the anchor mid-period."""
+        return module_state if self.controller is None else self.controller.anchor_state(module_state)
+
+    def _require_controller(self) -> None:
+        if self.controller is None:
+            raise RuntimeError("hetero: mode='hybrid' needs runtime.register_hook(ddp_model) before training")
+
+    # ---- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        local = self.controller.state_dict() if self.controller is not None else self._pending
+        return {"schedule": self.schedule.state_dict(), "local": local}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state["schedule"])
+        if state.get("local") is None:
+            return
+        if self.controller is None:
+            self._pending = state["local"]
+        else:
+            self.controller.load_state_dict(state["local"])

