@@ -186,3 +186,67 @@ def test_the_staleness_bound_forces_syncs_and_the_late_rank_still_counts():
     gaps = [max(s["steps"]) - min(s["steps"]) for s in out[0]["syncs"][1:]]
     assert max(gaps) >= 1  # the delay made rank 1 late: its contribution was weighted, not dropped
     assert all(0 < s["weights"][1] < 1 for s in out[0]["syncs"][1:])
+
+
+# ---- 4. a checkpoint cut inside a period resumes to the uninterrupted run --------------------
+# H = 4: syncs after steps 4 and 8; the cut after step 6 falls inside the second period. The
+# hand-made validation losses (one per sync) then switch to H = 2 at sync 2 and to synchronous
+# DDP at sync 4, both after the cut, so the resumed schedule must carry its history.
+TOTAL, CUT = 14, 6
+VAL = {1: 1.0, 2: 0.7, 3: 0.69, 4: 0.689}
+
+
+def _ckpt(rank: int, world: int, directory: str, resume: bool) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.runtime import HeteroRuntime
+    from hetero_strategy.runtime.checkpoint import Checkpointer
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[4, 2, 1], plateau_thresholds=[0.5, 0.1], plateau_evals=1)
+    runtime = HeteroRuntime(cfg, rank, world)
+    net = make_net()
+    ddp = DistributedDataParallel(net)
+    runtime.register_hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    ckpt = Checkpointer(runtime, directory, every_steps=10**6, every_s=10**9)
+    out: dict = {}
+    if resume:
+        assert ckpt.resume(ddp, opt) is not None
+        out["loaded"] = [p.detach().clone() for p in net.parameters()]
+    for step in range(runtime.steps, TOTAL):
+        g = torch.Generator().manual_seed(100 * rank + step)
+        x = torch.randn(3 + rank, 5, generator=g)  # unequal batches: unequal weights
+        with runtime.local_step(ddp):
+            nn.functional.mse_loss(ddp(x).squeeze(1), 2 * x.sum(1)).backward()
+        runtime.before_optimizer_step(opt)
+        opt.step()
+        opt.zero_grad()
+        runtime.step_end(samples=len(x))
+        if runtime.synced and runtime.hybrid.local:
+            runtime.evaluated(VAL[runtime.checkpoint_step()])
+        if not resume and runtime.steps == CUT:
+            ckpt.save(ddp, opt)
+            ckpt.wait()
+            out["anchor"] = [t.clone() for t in runtime.hybrid.controller.anchor.values()]
+            out["local"] = [p.detach().clone() for p in net.parameters()]
+        dist.barrier()  # equal speeds made exact: the same step counts in every run
+    ckpt.close()
+    return {**out, "final": [p.detach().clone() for p in net.parameters()], "syncs": runtime.checkpoint_step(),
+            "phase": runtime.hybrid.schedule.phase, "switches": runtime.hybrid.schedule.switches}
+
+
+def test_a_checkpoint_inside_a_period_resumes_to_the_uninterrupted_run(tmp_path):
+    full = run_distributed(_ckpt, 2, str(tmp_path), False, timeout=90)
+    resumed = run_distributed(_ckpt, 2, str(tmp_path), True, timeout=90)
+    for rank in range(2):
+        # the cut is mid-period: the rank's own model differs from the anchor every rank saved
+        assert any(not torch.equal(a, b) for a, b in zip(full[rank]["anchor"], full[rank]["local"], strict=True))
+        for got, want in zip(resumed[rank]["loaded"], full[0]["anchor"], strict=True):
+            assert torch.equal(got, want)  # the checkpoint's model is the anchor, the same on every rank
+        for got, want in zip(resumed[rank]["final"], full[rank]["final"], strict=True):
+            assert torch.equal(got, want), (rank, (got - want).abs().max())
+        assert resumed[rank]["phase"] == full[rank]["phase"] == 2 and resumed[rank]["syncs"] == full[rank]["syncs"]
+        assert [s["phase"] for s in resumed[rank]["switches"]] == [1, 2]
+    assert [p for p in tmp_path.iterdir()] == [tmp_path / "step_00000001"]  # named by sync points
