@@ -250,3 +250,96 @@ def test_a_checkpoint_inside_a_period_resumes_to_the_uninterrupted_run(tmp_path)
         assert resumed[rank]["phase"] == full[rank]["phase"] == 2 and resumed[rank]["syncs"] == full[rank]["syncs"]
         assert [s["phase"] for s in resumed[rank]["switches"]] == [1, 2]
     assert [p for p in tmp_path.iterdir()] == [tmp_path / "step_00000001"]  # named by sync points
+
+
+# ---- the end of the data: join --------------------------------------------------------------
+EPOCH_BATCHES = 6
+
+
+def _recording(controller) -> list[dict]:
+    """Every sync's counts, including those inside join() (a wrapper, no change to the logic)."""
+    records: list[dict] = []
+    original = controller.sync
+
+    def sync(joined: bool = False) -> bool:
+        done = original(joined)
+        records.append(dict(controller.last, joined=sorted(controller.joined), all_joined=done))
+        return done
+
+    controller.sync = sync
+    return records
+
+
+def _epochs(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 1], plateau_thresholds=[0.05], max_staleness=TAU)
+    runtime = HeteroRuntime(cfg, rank, world)
+    net = make_net()
+    ddp = DistributedDataParallel(net)
+    runtime.register_hook(ddp)
+    records = _recording(runtime.hybrid.controller)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    evaluated = []
+    for _epoch in range(2):
+        for _ in range(EPOCH_BATCHES):  # the same number of batches per rank, rank 1 slower
+            x = torch.randn(BATCH[rank], 5, generator=g)
+            with runtime.local_step(ddp):
+                nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
+            runtime.before_optimizer_step(opt)
+            opt.step()
+            opt.zero_grad()
+            if rank == 1:
+                time.sleep(0.02)
+            runtime.step_end(samples=BATCH[rank])
+        runtime.join()
+        assert runtime.synced
+        evaluated.append(runtime.evaluated(1.0))  # a collective every rank reaches after join
+    return {"records": records, "final": [p.detach().clone() for p in net.parameters()]}
+
+
+def test_join_at_the_end_of_the_data_keeps_every_sample_and_ends_on_one_model():
+    out = run_distributed(_epochs, 2, timeout=60)
+    records = out[0]["records"]
+    assert [(r["steps"], r["samples"]) for r in records] == [(r["steps"], r["samples"]) for r in out[1]["records"]]
+    for rank in range(2):  # nothing dropped: every rank's samples of both epochs are in some sync
+        assert sum(r["samples"][rank] for r in records) == 2 * EPOCH_BATCHES * BATCH[rank]
+    assert sum(r["all_joined"] for r in records) == 2  # one final sync per epoch
+    assert any(r["joined"] == [0] for r in records)  # rank 0 ran out first and waited in join()
+    for r in records:
+        assert all(w == 0 for w, s in zip(r["weights"], r["steps"], strict=True) if s == 0)  # no steps: no weight
+    for a, b in zip(out[0]["final"], out[1]["final"], strict=True):
+        assert torch.equal(a, b)
+
+
+def _frozen_peer(rank: int, world: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 1], plateau_thresholds=[0.05], stall_timeout_s=1)
+    runtime = HeteroRuntime(cfg, rank, world)
+    ddp = DistributedDataParallel(make_net())
+    runtime.register_hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for _ in range(2 if rank == 0 else 100):
+        with runtime.local_step(ddp):
+            ddp(torch.ones(2, 5)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        runtime.step_end()
+        if runtime.hybrid.controller.joined:  # rank 1 learned that rank 0 joined: now it freezes
+            time.sleep(3)
+            return
+    runtime.join()
+
+
+def test_a_frozen_peer_stops_join_with_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"rank 0 failed:(.|\n)*StallError: hetero: rank 0 joined .* waited more "
+                       r"than stall_timeout_s=1 s for rank\(s\) \[1\]"):
+        run_distributed(_frozen_peer, 2, timeout=60)

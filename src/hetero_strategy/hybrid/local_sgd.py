@@ -13,6 +13,10 @@ One period, on every rank:
    ``anchor += average``; every rank's tensors := anchor. Nothing is dropped: a late rank's work
    is in the average with a smaller weight.
 
+A rank whose data ran out calls :meth:`LocalSGD.join`: it ends the current period at once (so
+everyone learns it joined), then takes part in every later sync with no steps (weight 0) until
+every rank joined; the active ranks leave it out of the staleness bound meanwhile.
+
 Optimizer state (momentum, Adam moments) stays per rank during local phases: averaging it would
 cost another model-sized exchange per period. Since the update is linear in it, plain SGD and
 momentum SGD with H = 1 and weights b_r / G still equal synchronous SGD on the global batch. On
@@ -32,6 +36,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,9 +72,11 @@ class LocalSGD:
 
     def __init__(self, config: HybridConfig, module: torch.nn.Module, rank: int, world_size: int, *,
                  group: dist.ProcessGroup | None = None,
-                 phase: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+                 phase: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                 stall_timeout_s: float = 60.0) -> None:
         # hyper-parameters
         self.config, self.rank, self.world_size, self.group = config, rank, world_size, group
+        self.stall_timeout_s = stall_timeout_s
         self._phase = phase or (lambda where: contextlib.nullcontext())
         # what is averaged, by name (parameters, then floating buffers)
         self.tensors = {**dict(module.named_parameters()),
@@ -81,6 +88,7 @@ class LocalSGD:
         self.anchor: dict[str, torch.Tensor] | None = None
         self._restored: dict[str, torch.Tensor] | None = None  # this rank's local tensors from a checkpoint
         self._published = 0
+        self.joined: set[int] = set()  # ranks whose data ran out (known since the last sync)
         self.last: dict[str, list] | None = None  # the last sync's steps, samples, weights (logs, tests)
         self._store = None
         if world_size > 1:
@@ -114,7 +122,8 @@ class LocalSGD:
         """A local optimizer step ended: count it; run the sync when the period is over (True)."""
         if self.anchor is None:
             raise RuntimeError("hetero: a local step ran outside runtime.local_step(ddp_model): wrap each "
-                               "forward and backward of hybrid training in it")
+                               "forward and backward of hybrid training in it (a loop or adapter that does not "
+                               "drive the hybrid events cannot run mode='hybrid')")
         self.count += 1
         self.samples += samples
         if self._store is None:
@@ -127,7 +136,7 @@ class LocalSGD:
             done = self._store.check([self._key("go")])
         if done:
             self.sync()
-        return done
+        return done and not self.joined
 
     def _key(self, name: Any) -> str:
         return f"{self.syncs}/{name}"
@@ -137,14 +146,49 @@ class LocalSGD:
         if self.count < tau:  # nobody can be tau behind yet
             return False
         # add(key, 0) reads a peer's counter without waiting for it to exist
-        behind = min(self._store.add(self._key(r), 0) for r in range(self.world_size) if r != self.rank)
+        peers = [r for r in range(self.world_size) if r != self.rank and r not in self.joined]
+        if not peers:
+            return False
+        behind = min(self._store.add(self._key(r), 0) for r in peers)
         return self.count - behind >= tau
 
+    # ---- the end of the data -------------------------------------------------------------
+    def join(self) -> None:
+        """This rank has no more data: sync now, then join every sync with no steps until every
+        rank joined (collective); afterwards every rank holds the same model."""
+        self.begin_step()  # an anchor even when no step ran since the last phase change
+        if self._store is None:
+            if self.count:
+                self.sync()
+            return
+        self._store.set(self._key("go"), "1")
+        while not self.sync(joined=True):
+            self._wait_for_period_end()
+
+    def _wait_for_period_end(self) -> None:
+        """Wait for an active rank to end the period; a peer whose counter stops for
+        ``stall_timeout_s`` is an error, not a hang."""
+        active = [r for r in range(self.world_size) if r not in self.joined]
+        seen, since = None, time.monotonic()
+        while not self._store.check([self._key("go")]):
+            counts = [self._store.add(self._key(r), 0) for r in active]
+            if counts != seen:
+                seen, since = counts, time.monotonic()
+            elif time.monotonic() - since > self.stall_timeout_s:
+                # NOTE: imported here: the runtime imports this module
+                from hetero_strategy.runtime.stall import StallError
+
+                raise StallError(f"hetero: rank {self.rank} joined (no data left) and waited more than "
+                                 f"stall_timeout_s={self.stall_timeout_s:g} s for rank(s) {active} to take a local "
+                                 f"step in period {self.syncs}; they are frozen or gone")
+            time.sleep(0.01)
+
     # ---- the sync ------------------------------------------------------------------------
-    def sync(self) -> list[float]:
-        """Average the period's deltas with staleness weights (collective); returns the weights."""
+    def sync(self, joined: bool = False) -> bool:
+        """Average the period's deltas with staleness weights (collective); True once every rank
+        joined (then the next period starts with every rank active again)."""
         with self._phase("hybrid sync"):
-            steps, samples = self._gather_counts()
+            steps, samples, flags = self._gather_counts(joined)
             weights = staleness_weights(steps, samples, self.config.staleness_decay)
             self._average(weights[self.rank])
         self.last = {"steps": steps, "samples": samples, "weights": weights}
@@ -152,15 +196,19 @@ class LocalSGD:
         self._clear_keys()
         self.syncs += 1
         self.count, self.samples, self._published = 0, 0.0, 0
-        return weights
+        self.joined = {r for r, f in enumerate(flags) if f}
+        if len(self.joined) < self.world_size:
+            return False
+        self.joined = set()
+        return True
 
-    def _gather_counts(self) -> tuple[list[int], list[float]]:
-        mine = torch.tensor([self.count, self.samples], dtype=torch.float64)
+    def _gather_counts(self, joined: bool) -> tuple[list[int], list[float], list[bool]]:
+        mine = torch.tensor([self.count, self.samples, float(joined)], dtype=torch.float64)
         if self.world_size == 1:
-            return [self.count], [self.samples]
+            return [self.count], [self.samples], [joined]
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine, group=self.group)
-        return [int(t[0]) for t in every], [float(t[1]) for t in every]
+        return [int(t[0]) for t in every], [float(t[1]) for t in every], [bool(t[2]) for t in every]
 
     @torch.no_grad()
     def _average(self, weight: float) -> None:

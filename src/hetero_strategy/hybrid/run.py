@@ -33,14 +33,15 @@ class HybridTraining:
     """
 
     def __init__(self, config: HybridConfig, rank: int, world_size: int, info: Callable[[str], None],
-                 phase: Phase | None = None) -> None:
+                 phase: Phase | None = None, stall_timeout_s: float = 60.0) -> None:
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.stall_timeout_s = stall_timeout_s
         self.schedule = PhaseSchedule(config, info)
         self.controller: LocalSGD | None = None
         self._phase = phase
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._pending: dict[str, Any] | None = None
-        self.synced = True  # the last step ended at a sync point (every rank holds the same model)
+        self.synced = True  # every rank holds the same model and waits for no one: evaluate or save here
 
     @property
     def local(self) -> bool:
@@ -56,7 +57,8 @@ class HybridTraining:
         """Set up the controller on the DDP model (after its constructor broadcast the weights)."""
         module = getattr(ddp_model, "module", ddp_model)
         self.controller = LocalSGD(self.config, module, self.rank, self.world_size,
-                                   group=getattr(ddp_model, "process_group", None), phase=self._phase)
+                                   group=getattr(ddp_model, "process_group", None), phase=self._phase,
+                                   stall_timeout_s=self.stall_timeout_s)
         if self._pending is not None:
             self.controller.load_state_dict(self._pending)
             self._pending = None
@@ -87,6 +89,14 @@ class HybridTraining:
             self.controller.synchronous_step()
             self.synced = True
         return self.synced
+
+    def join(self) -> None:
+        """This rank's data ran out (epoch end): take part in the remaining syncs until every rank
+        joined (collective); then every rank holds the same model. Nothing in the synchronous phase."""
+        if self.local:
+            self._require_controller()
+            self.controller.join()
+            self.synced = True
 
     def evaluated(self, val_loss: float) -> bool:
         """One evaluation, on every rank at a sync point (collective in local phases); True on a switch."""

@@ -87,8 +87,8 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         self._batch_open = False
         self._pending: dict[str, Any] = {}
         # local-SGD phases (mode="hybrid"): the controller is set up by register_hook
-        self.hybrid = HybridTraining(config.hybrid, rank, world_size, self.info, self.phase) \
-            if config.hybrid.mode == "hybrid" else None
+        self.hybrid = HybridTraining(config.hybrid, rank, world_size, self.info, self.phase,
+                                     config.reliability.stall_timeout_s) if config.hybrid.mode == "hybrid" else None
 
     def info(self, message: str) -> None:
         if self.rank == 0:

@@ -4,14 +4,14 @@ A bare-DDP loop in ``mode="hybrid"``::
 
     runtime = HeteroRuntime(HeteroConfig.from_flat(mode="hybrid"), rank, world_size)
     runtime.register_hook(ddp)                       # also sets up the local-step controller
-    for x, y in batches:                             # each rank at its own pace in local phases
+    for x, y in batches:                             # each rank at its own pace in local phases (one epoch)
         with runtime.local_step(ddp):                # no_sync in a local phase
             loss_fn(ddp(x), y).backward()
         runtime.before_optimizer_step(opt)           # local clipping
         opt.step(); opt.zero_grad()
         runtime.step_end(samples=len(x))             # may end the period: the weighted sync
-        if runtime.synced and runtime.checkpoint_step() % eval_every == 0:
-            runtime.evaluated(validate(ddp))         # every rank, same model: the phase schedule
+    runtime.join()                                   # data over: wait for the others' last syncs
+    runtime.evaluated(validate(ddp))                 # every rank, same model: the phase schedule
 
 In ``mode="sync"`` every method here is a no-op and :attr:`synced` is always True.
 """
@@ -35,6 +35,13 @@ class HybridEvents:
         """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
         if self.hybrid is not None:
             self.hybrid.before_optimizer_step(optimizer)
+
+    def join(self) -> None:
+        """At the end of this rank's data (each epoch), before evaluating: in a local phase the ranks
+        took unequal numbers of steps, so one that ran out takes part in the others' remaining
+        syncs with no steps until every rank called it (collective); then all hold the same model."""
+        if self.hybrid is not None:
+            self.hybrid.join()
 
     def evaluated(self, val_loss: float) -> bool:
         """Every rank, at each evaluation (right after a sync): the phase schedule; True on a switch."""
