@@ -142,12 +142,19 @@ def _stale(rank: int, world: int) -> dict:
     init_gloo(rank, world)
     cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 1], plateau_thresholds=[0.05], max_staleness=TAU)
     runtime = HeteroRuntime(cfg, rank, world)
-    net = make_net()
+    torch.manual_seed(0)
+    # BatchNorm: its running statistics are averaged too, and DDP's buffer broadcast must not
+    # run per local step (unequal step counts would hang in it)
+    net = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
     ddp = DistributedDataParallel(net)
     runtime.register_hook(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
-    syncs = [{"after": [p.detach().clone() for p in net.parameters()]}]  # the first anchor
+
+    def tensors() -> list[torch.Tensor]:  # parameters and floating buffers
+        return [t.detach().clone() for t in net.state_dict().values() if t.is_floating_point()]
+
+    syncs = [{"after": tensors()}]  # the first anchor
     while runtime.checkpoint_step() < SYNCS:
         x = torch.randn(BATCH[rank], 5, generator=g)
         with runtime.local_step(ddp):
@@ -157,11 +164,10 @@ def _stale(rank: int, world: int) -> dict:
         opt.zero_grad()
         if rank == 1:
             time.sleep(SLEEP_S)  # the slow device
-        before = [p.detach().clone() for p in net.parameters()]
+        before = tensors()
         runtime.step_end(samples=BATCH[rank])
         if runtime.synced:
-            syncs.append({"before": before, "after": [p.detach().clone() for p in net.parameters()],
-                          **runtime.hybrid.controller.last})
+            syncs.append({"before": before, "after": tensors(), **runtime.hybrid.controller.last})
     return {"syncs": syncs, "steps": runtime.steps}
 
 
