@@ -256,6 +256,27 @@ def test_a_checkpoint_inside_a_period_resumes_to_the_uninterrupted_run(tmp_path)
         assert resumed[rank]["phase"] == full[rank]["phase"] == 2 and resumed[rank]["syncs"] == full[rank]["syncs"]
         assert [s["phase"] for s in resumed[rank]["switches"]] == [1, 2]
     assert [p for p in tmp_path.iterdir()] == [tmp_path / "step_00000001"]  # named by sync points
+    # another world size: the phase, its history and the sync count carry over, the model is the anchor
+    other = run_distributed(_other_world, 1, str(tmp_path), timeout=60)[0]
+    assert other["schedule"] == {"phase": 0, "history": [1.0], "switches": []} and other["syncs"] == 1
+    for got, want in zip(other["loaded"], full[0]["anchor"], strict=True):
+        assert torch.equal(got, want)
+
+
+def _other_world(rank: int, world: int, directory: str) -> dict:
+    from hetero_strategy.runtime import HeteroRuntime
+    from hetero_strategy.runtime.checkpoint import Checkpointer
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[4, 2, 1], plateau_thresholds=[0.5, 0.1], plateau_evals=1)
+    runtime = HeteroRuntime(cfg, rank, world)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    resumed = Checkpointer(runtime, directory, every_steps=10**6, every_s=10**9).resume(net, opt)
+    assert resumed is not None and resumed.world_size_saved == 2
+    runtime.register_hook(torch.nn.parallel.DistributedDataParallel(net))
+    return {"schedule": runtime.hybrid.schedule.state_dict(), "syncs": runtime.checkpoint_step(),
+            "loaded": [p.detach().clone() for p in net.parameters()]}
 
 
 # ---- the end of the data: join --------------------------------------------------------------

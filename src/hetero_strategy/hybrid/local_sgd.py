@@ -90,6 +90,7 @@ class LocalSGD:
         self._published = 0
         self.joined: set[int] = set()  # ranks whose data ran out (known since the last sync)
         self.last: dict[str, list] | None = None  # the last sync's steps, samples, weights (logs, tests)
+        self._weights: list[float] | None = None  # the last weights that held any samples
         self._store = None
         if world_size > 1:
             # NOTE: the default group's own store works with every init method; a prefix per restart
@@ -192,6 +193,8 @@ class LocalSGD:
             weights = staleness_weights(steps, samples, self.config.staleness_decay)
             self._average(weights[self.rank])
         self.last = {"steps": steps, "samples": samples, "weights": weights}
+        if sum(weights) > 0:  # a final join sync without steps says nothing about the ranks' shares
+            self._weights = weights
         log.debug("hetero: hybrid sync %d: steps %s, samples %s, weights %s", self.syncs, steps, samples, weights)
         self._clear_keys()
         self.syncs += 1
@@ -243,7 +246,7 @@ class LocalSGD:
 
         Floating state is averaged with the last sync's weights; ``step`` counters take the max.
         """
-        weight = 1.0 / self.world_size if self.last is None else self.last["weights"][self.rank]
+        weight = 1.0 / self.world_size if self._weights is None else self._weights[self.rank]
         states = [s for opt in optimizers for s in opt.state.values()]
         means = [v for s in states for k, v in s.items() if torch.is_tensor(v) and v.is_floating_point() and k != "step"]
         steps = [v for s in states for k, v in s.items() if torch.is_tensor(v) and k == "step"]
@@ -258,7 +261,7 @@ class LocalSGD:
         """Counts, and mid-period the anchor and this rank's own tensors (a sync boundary needs
         neither: every rank's model is the anchor)."""
         state: dict[str, Any] = {"syncs": self.syncs, "count": self.count, "samples": self.samples,
-                                 "last": self.last}
+                                 "last": self.last, "weights": self._weights}
         if self.count > 0 or self._restored is not None:
             state["anchor"] = {n: a.clone() for n, a in self.anchor.items()}
             local = self._restored or {n: t.detach().clone() for n, t in self.tensors.items()}
@@ -270,6 +273,7 @@ class LocalSGD:
         whatever the framework loads into it, e.g. the anchor a checkpoint's model holds)."""
         self.syncs, self.count, self.samples = int(state["syncs"]), int(state["count"]), float(state["samples"])
         self.last = state.get("last")
+        self._weights = state.get("weights")
         self._published = 0  # a new store prefix (restart) or a new controller: nothing published yet
         self.anchor = {n: a.clone() for n, a in state["anchor"].items()} if "anchor" in state else None
         self._restored = {n: t.clone() for n, t in state["local"].items()} if "local" in state else None

@@ -39,7 +39,8 @@ class HybridTraining:
         self.schedule = PhaseSchedule(config, info)
         self.controller: LocalSGD | None = None
         self._phase = phase
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        # NOTE: a list in call order, not a WeakSet: its order must be the same on every rank
+        self._optimizers: list[weakref.ref] = []
         self._pending: dict[str, Any] | None = None
         self.synced = True  # every rank holds the same model and waits for no one: evaluate or save here
 
@@ -75,7 +76,8 @@ class HybridTraining:
 
     def before_optimizer_step(self, optimizer: Any) -> None:
         """Clip the local gradient (local phases); remembers the optimizer for the phase change."""
-        self._optimizers.add(optimizer)
+        if not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
         if self.local:
             self._require_controller()
             self.controller.clip()
@@ -100,13 +102,13 @@ class HybridTraining:
 
     def evaluated(self, val_loss: float) -> bool:
         """One evaluation, on every rank at a sync point (collective in local phases); True on a switch."""
-        if self.local and self.controller is not None and self.controller.count:
-            raise RuntimeError(f"hetero: evaluated() after {self.controller.count} local step(s) of a period: in a "
-                               "local-SGD phase the ranks' models differ and their step counts too; evaluate right "
-                               "after a sync (runtime.synced is True)")
+        if self.local and self.controller is not None and (self.controller.count or self.controller.joined):
+            raise RuntimeError(f"hetero: evaluated() after {self.controller.count} local step(s) of a period, or "
+                               "while a rank waits in join(): in a local-SGD phase the ranks' models and step counts "
+                               "differ; evaluate right after a sync (runtime.synced is True) or after join()")
         switched = self.schedule.evaluated(val_loss)
         if switched and not self.local and self.controller is not None:
-            self.controller.average_optimizers(list(self._optimizers))
+            self.controller.average_optimizers([o for o in (ref() for ref in self._optimizers) if o is not None])
         return switched
 
     def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +123,11 @@ class HybridTraining:
     def state_dict(self) -> dict[str, Any]:
         local = self.controller.state_dict() if self.controller is not None else self._pending
         return {"schedule": self.schedule.state_dict(), "local": local}
+
+    def shared_state_dict(self) -> dict[str, Any]:
+        """What any world size can resume from: the phase, its history and the sync count (the
+        model is the anchor; the ranks' steps since the last sync are per rank and lost)."""
+        return {"schedule": self.schedule.state_dict(), "local": {"syncs": self.syncs, "count": 0, "samples": 0.0}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])

@@ -56,6 +56,7 @@ def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any])
     if hybrid is not None:  # local phases: every rank's own optimizer, and the anchor as the model
         model_state = hybrid.anchor_state(model_state)
         own_optim = {f"hetero.optim{runtime.rank}": optim}
+        run["hybrid"] = hybrid.shared_state_dict()
     return {"model": model_state, "optim": optim, **own_optim,
             RUN: blob(run), f"hetero.rank{runtime.rank}": blob(mine),
             f"hetero.lost{runtime.rank}": blob(residual_size(mine.get("hook") or {})),
