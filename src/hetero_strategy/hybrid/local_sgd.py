@@ -65,7 +65,8 @@ class LocalSGD:
     Args:
         config: the ``hybrid`` section.
         module: the model under DDP (its parameters and floating buffers are averaged).
-        rank, world_size: this rank and the world of ``group``.
+        rank: this rank in ``group``.
+        world_size: the size of ``group``.
         group: the process group of the syncs (default: the default group).
         phase: a context for collectives (the runtime's stall watch: a vanished peer raises).
     """

@@ -27,7 +27,8 @@ class HybridTraining:
 
     Args:
         config: the ``hybrid`` section (``mode="hybrid"``).
-        rank, world_size: this rank and the job's size.
+        rank: this process's global rank.
+        world_size: the number of ranks.
         info: where phase switches are logged (rank 0 only).
         phase: a context for collectives (the runtime's stall watch).
     """
