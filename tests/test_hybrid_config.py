@@ -31,6 +31,8 @@ from hetero_strategy.config import ConfigError, HeteroConfig, HybridConfig, fiel
         ({"local_clip_norm": 0}, "local_clip_norm", "0"),
         ({"local_clip_norm": float("inf")}, "local_clip_norm", "inf"),
         ({"local_clip_norm": "5"}, "local_clip_norm", "'5'"),
+        ({"delta_density": 0.0}, "delta_density", "0.0"),
+        ({"delta_density": 1.5}, "delta_density", "1.5"),
         ({"mode": "hybrid", "calibrate": True}, "calibrate", "True"),
         ({"mode": "hybrid", "precision_policy": "auto"}, "precision_policy", "'auto'"),
     ],

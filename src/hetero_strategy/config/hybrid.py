@@ -41,6 +41,9 @@ class HybridConfig:
     """A rank's contribution weighs samples x decay^staleness (staleness: steps behind the leader)."""
     local_clip_norm: float | None = 5.0
     """Gradient-norm clipping of every local step (local phases only); None: no clipping."""
+    delta_density: float | None = None
+    """Fraction of the model delta each rank sends at a sync (Top-K with error feedback: the rest
+    is sent at later syncs); None sends it whole in fp32. Dense whenever density x world size >= 1."""
 
     def __post_init__(self) -> None:
         if self.mode not in HYBRID_MODES:
@@ -57,6 +60,8 @@ class HybridConfig:
                                                  or not math.isfinite(self.local_clip_norm)
                                                  or self.local_clip_norm <= 0):
             _fail("local_clip_norm", self.local_clip_norm, "give a norm > 0 (default 5.0), or None for no clipping")
+        if self.delta_density is not None and (not _number(self.delta_density) or not 0 < self.delta_density <= 1):
+            _fail("delta_density", self.delta_density, "give a fraction in (0, 1] (e.g. 0.01), or None for dense deltas")
 
 
 def _check_periods(periods: Any) -> None:

@@ -6,8 +6,9 @@ take as many local steps as its speed allows and averages the model deltas once 
 staleness weights; :class:`HybridTraining` ties both to the runtime's events.
 """
 
+from hetero_strategy.hybrid.exchange import DeltaExchange
 from hetero_strategy.hybrid.local_sgd import LocalSGD, staleness_weights
 from hetero_strategy.hybrid.run import HybridTraining
 from hetero_strategy.hybrid.schedule import PhaseSchedule, relative_change
 
-__all__ = ["HybridTraining", "LocalSGD", "PhaseSchedule", "relative_change", "staleness_weights"]
+__all__ = ["DeltaExchange", "HybridTraining", "LocalSGD", "PhaseSchedule", "relative_change", "staleness_weights"]

@@ -37,13 +37,14 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
+from hetero_strategy.hybrid.exchange import DeltaExchange, reduce_flat
 
 __all__ = ["LocalSGD", "staleness_weights"]
 
@@ -92,6 +93,7 @@ class LocalSGD:
         self.joined: set[int] = set()  # ranks whose data ran out (known since the last sync)
         self.last: dict[str, list] | None = None  # the last sync's steps, samples, weights (logs, tests)
         self._weights: list[float] | None = None  # the last weights that held any samples
+        self.exchange = DeltaExchange(config.delta_density, world_size, group)
         self._store = None
         if world_size > 1:
             # NOTE: the default group's own store works with every init method; a prefix per restart
@@ -218,9 +220,7 @@ class LocalSGD:
     def _average(self, weight: float) -> None:
         anchor = self.anchor
         flat = torch.cat([(t.float() - anchor[n]).reshape(-1) for n, t in self.tensors.items()])  # (numel,) fp32
-        flat.mul_(weight)
-        if self.world_size > 1:
-            dist.all_reduce(flat, group=self.group)
+        flat = self.exchange.reduce(flat.mul_(weight))  # every rank's weighted delta, summed
         offset = 0
         for n, t in self.tensors.items():
             a = anchor[n]
@@ -253,8 +253,8 @@ class LocalSGD:
         steps = [v for s in states for k, v in s.items() if torch.is_tensor(v) and k == "step"]
         if self.world_size > 1:
             with self._phase("hybrid phase change"):
-                _reduce_flat(means, dist.ReduceOp.SUM, self.group, scale=weight)
-                _reduce_flat(steps, dist.ReduceOp.MAX, self.group)
+                reduce_flat(means, dist.ReduceOp.SUM, self.group, scale=weight)
+                reduce_flat(steps, dist.ReduceOp.MAX, self.group)
         self.anchor = None
 
     # ---- state ---------------------------------------------------------------------------
@@ -262,7 +262,7 @@ class LocalSGD:
         """Counts, and mid-period the anchor and this rank's own tensors (a sync boundary needs
         neither: every rank's model is the anchor)."""
         state: dict[str, Any] = {"syncs": self.syncs, "count": self.count, "samples": self.samples,
-                                 "last": self.last, "weights": self._weights}
+                                 "last": self.last, "weights": self._weights, "exchange": self.exchange.state_dict()}
         if self.count > 0 or self._restored is not None:
             state["anchor"] = {n: a.clone() for n, a in self.anchor.items()}
             local = self._restored or {n: t.detach().clone() for n, t in self.tensors.items()}
@@ -275,6 +275,7 @@ class LocalSGD:
         self.syncs, self.count, self.samples = int(state["syncs"]), int(state["count"]), float(state["samples"])
         self.last = state.get("last")
         self._weights = state.get("weights")
+        self.exchange.load_state_dict(state.get("exchange") or {})
         self._published = 0  # a new store prefix (restart) or a new controller: nothing published yet
         self.anchor = {n: a.clone() for n, a in state["anchor"].items()} if "anchor" in state else None
         self._restored = {n: t.clone() for n, t in state["local"].items()} if "local" in state else None
@@ -286,19 +287,3 @@ class LocalSGD:
             return module_state
         return {k: self.anchor[k].to(v.dtype) if k in self.anchor else v for k, v in module_state.items()}
 
-
-def _reduce_flat(tensors: list[torch.Tensor], op: Any, group: Any, scale: float = 1.0) -> None:
-    """One collective over many tensors (same order on every rank: the same model and optimizer)."""
-    if not tensors:
-        return
-    flat = torch.cat([t.detach().double().reshape(-1) for t in tensors]).mul_(scale)  # (total,) fp64
-    dist.all_reduce(flat, op=op, group=group)
-    for t, part in zip(tensors, _split(flat, tensors), strict=True):
-        t.copy_(part.view_as(t))
-
-
-def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-    offset = 0
-    for t in like:
-        yield flat[offset:offset + t.numel()]
-        offset += t.numel()
