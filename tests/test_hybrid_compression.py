@@ -1,4 +1,5 @@
-"""Hybrid syncs with Top-K compressed deltas and error feedback, against a hand simulation."""
+"""Hybrid syncs with Top-K compressed deltas and error feedback, against a hand simulation; on
+entering the synchronous phase what the residuals held back is sent, so nothing is lost."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _sparse(rank: int, world: int) -> dict:
     from hetero_strategy.runtime import HeteroRuntime
 
     init_gloo(rank, world)
-    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], delta_density=DENSITY)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], plateau_evals=1,
+                                 delta_density=DENSITY)
     runtime = HeteroRuntime(cfg, rank, world)
     net = make_net()
     ddp = DistributedDataParallel(net)
@@ -47,7 +49,8 @@ def _sparse(rank: int, world: int) -> dict:
             syncs.append({"before": before, "after": _flat(net), "bytes": controller.exchange.bytes_sent,
                           **controller.last})
         dist.barrier()  # equal speeds made exact: both ranks reach H = 2 in every period
-    return {"syncs": syncs}
+    assert not runtime.evaluated(1.0) and runtime.evaluated(1.0)  # a flat loss: the synchronous phase
+    return {"syncs": syncs, "synchronous": _flat(net)}
 
 
 def test_topk_deltas_with_error_feedback_match_a_hand_simulation():
@@ -72,3 +75,5 @@ def test_topk_deltas_with_error_feedback_match_a_hand_simulation():
             torch.testing.assert_close(out[r]["syncs"][i]["after"], want, rtol=0, atol=1e-6)
         anchor = out[0]["syncs"][i]["after"]
     assert all(res.abs().sum() > 0 for res in residual)  # the test exercised the feedback
+    for r in range(2):  # the residuals, sent densely on the way into the synchronous phase
+        torch.testing.assert_close(out[r]["synchronous"], anchor + residual[0] + residual[1], rtol=0, atol=1e-6)

@@ -47,12 +47,18 @@ class DeltaExchange:
     def sparse(self) -> bool:
         return self.density is not None and self.density * self.world_size < 1
 
-    def reduce(self, flat: torch.Tensor) -> torch.Tensor:
+    def flush(self, numel: int) -> torch.Tensor:
+        """This rank's residual (zeros without one), handed over for a dense :meth:`reduce`."""
+        residual = torch.zeros(numel) if self.residual is None else self.residual
+        self.residual = None
+        return residual
+
+    def reduce(self, flat: torch.Tensor, dense: bool = False) -> torch.Tensor:
         """Sum of every rank's ``flat`` (numel,) fp32 as sent: in place when dense."""
         if self.residual is not None:
             flat = ef_accumulate_(flat, self.residual, 1.0)  # acc = flat + residual
             self.residual = None
-        if not self.sparse():
+        if dense or not self.sparse():
             self.bytes_sent = 4 * flat.numel()
             if self.world_size > 1:
                 dist.all_reduce(flat, group=self.group)

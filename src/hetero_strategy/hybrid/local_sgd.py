@@ -8,10 +8,11 @@ One period, on every rank:
    setting the period's flag. Every rank checks the flag after each of its steps, so every rank
    takes at least one step, the fastest at most H, and a rank only ever stops at the flag.
 3. The sync, the same two collectives on every rank: an all-gather of ``[steps_r, samples_r]``,
-   then one fp32 all-reduce of the weighted deltas ``w_r (x_r - anchor)`` over parameters and
-   floating buffers, with ``w_r ∝ samples_r · decay^(max_s steps_s - steps_r)`` (summing to 1).
-   ``anchor += average``; every rank's tensors := anchor. Nothing is dropped: a late rank's work
-   is in the average with a smaller weight.
+   then one exchange of the weighted deltas ``w_r (x_r - anchor)`` over parameters and floating
+   buffers (an fp32 all-reduce; with ``delta_density`` a Top-K all-gather, error feedback keeping
+   the rest), with ``w_r ∝ samples_r · decay^(max_s steps_s - steps_r)`` (summing to 1).
+   ``anchor += sum``; every rank's tensors := anchor. Nothing is dropped: a late rank's work is
+   in the average with a smaller weight, and what compression held back is sent later.
 
 A rank whose data ran out calls :meth:`LocalSGD.join`: it ends the current period at once (so
 everyone learns it joined), then takes part in every later sync with no steps (weight 0) until
@@ -21,7 +22,8 @@ Optimizer state (momentum, Adam moments) stays per rank during local phases: ave
 cost another model-sized exchange per period. Since the update is linear in it, plain SGD and
 momentum SGD with H = 1 and weights b_r / G still equal synchronous SGD on the global batch. On
 entering the synchronous phase it is averaged once (weighted like the last sync; ``step``
-counters take the maximum), so DDP's replicas stay identical from then on.
+counters take the maximum), so DDP's replicas stay identical from then on, and compression's
+residuals are sent then, densely.
 
 NOTE on DDP buffers: ``no_sync`` stops the gradient all-reduce but not, on the first forward
 after a synchronized one, the broadcast of module buffers (``require_forward_param_sync`` lags
@@ -220,7 +222,11 @@ class LocalSGD:
     def _average(self, weight: float) -> None:
         anchor = self.anchor
         flat = torch.cat([(t.float() - anchor[n]).reshape(-1) for n, t in self.tensors.items()])  # (numel,) fp32
-        flat = self.exchange.reduce(flat.mul_(weight))  # every rank's weighted delta, summed
+        self._add_to_anchor(self.exchange.reduce(flat.mul_(weight)))  # every rank's weighted delta, summed
+
+    def _add_to_anchor(self, flat: torch.Tensor) -> None:
+        """anchor += flat (numel,) fp32, then every averaged tensor := anchor."""
+        anchor = self.anchor
         offset = 0
         for n, t in self.tensors.items():
             a = anchor[n]
@@ -242,11 +248,17 @@ class LocalSGD:
 
     # ---- phase change --------------------------------------------------------------------
     @torch.no_grad()
-    def average_optimizers(self, optimizers: list[Any]) -> None:
-        """Entering the synchronous phase: one optimizer state on every rank (collective).
+    def enter_synchronous(self, optimizers: list[Any]) -> None:
+        """Entering the synchronous phase: one model and one optimizer state on every rank (collective).
 
-        Floating state is averaged with the last sync's weights; ``step`` counters take the max.
+        Compression's residuals are added densely; floating optimizer state is averaged with the
+        last sync's weights; ``step`` counters take the max.
         """
+        if self.exchange.sparse():  # the same answer on every rank
+            self.begin_step()  # an anchor even if no local step ran
+            flat = self.exchange.flush(sum(t.numel() for t in self.tensors.values()))
+            with self._phase("hybrid phase change"):
+                self._add_to_anchor(self.exchange.reduce(flat, dense=True))
         weight = 1.0 / self.world_size if self._weights is None else self._weights[self.rank]
         states = [s for opt in optimizers for s in opt.state.values()]
         means = [v for s in states for k, v in s.items() if torch.is_tensor(v) and v.is_floating_point() and k != "step"]

@@ -109,7 +109,7 @@ class HybridTraining:
                                "differ; evaluate right after a sync (runtime.synced is True) or after join()")
         switched = self.schedule.evaluated(val_loss)
         if switched and not self.local and self.controller is not None:
-            self.controller.average_optimizers([o for o in (ref() for ref in self._optimizers) if o is not None])
+            self.controller.enter_synchronous([o for o in (ref() for ref in self._optimizers) if o is not None])
         return switched
 
     def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:
