@@ -370,3 +370,32 @@ def test_a_frozen_peer_stops_join_with_a_clear_error():
     with pytest.raises(RuntimeError, match=r"rank 0 failed:(.|\n)*StallError: hetero: rank 0 joined .* waited more "
                        r"than stall_timeout_s=1 s for rank\(s\) \[1\]"):
         run_distributed(_frozen_peer, 2, timeout=60)
+
+
+# ---- one process: clipping, the period, metrics ---------------------------------------------
+def test_local_steps_clip_count_to_h_and_report_without_a_collective():
+    from hetero_strategy.hybrid import HybridTraining
+
+    net = nn.Linear(4, 1)
+    hybrid = HybridTraining(HybridConfig(mode="hybrid", periods=[3, 1], plateau_thresholds=[0.5], plateau_evals=1),
+                            rank=0, world_size=1, info=lambda m: None)
+    hybrid.attach(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    synced = []
+    for _ in range(6):
+        with hybrid.local_step(net):
+            (100 * net(torch.ones(2, 4))).sum().backward()
+        hybrid.before_optimizer_step(opt)
+        norm = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).norm()
+        assert norm == pytest.approx(5.0)  # local_clip_norm's default
+        opt.step()
+        opt.zero_grad()
+        synced.append(hybrid.step_end(samples=2))
+    assert synced == [False, False, True] * 2  # H = 3
+    assert hybrid.metrics() == {"hybrid/phase": 0, "hybrid/period": 3, "hybrid/syncs": 2, "hybrid/steps_r0": 3,
+                                "hybrid/weight_r0": 1.0, "hybrid/delta_bytes_sent": 4 * 5}
+    assert not hybrid.evaluated(1.0) and hybrid.evaluated(1.0) and not hybrid.local  # the synchronous phase
+    with hybrid.local_step(net):
+        (100 * net(torch.ones(2, 4))).sum().backward()
+    hybrid.before_optimizer_step(opt)  # no local clipping any more
+    assert torch.cat([p.grad.reshape(-1) for p in net.parameters()]).norm() > 5.0

@@ -112,6 +112,17 @@ class HybridTraining:
             self.controller.enter_synchronous([o for o in (ref() for ref in self._optimizers) if o is not None])
         return switched
 
+    def metrics(self) -> dict[str, float]:
+        """Phase, period, sync count and the last sync's per-rank steps and weights: the same on
+        every rank, with no collective (they come from the last sync's all-gather)."""
+        out = {"hybrid/phase": self.schedule.phase, "hybrid/period": self.schedule.period, "hybrid/syncs": self.syncs}
+        last = None if self.controller is None else self.controller.last
+        if last is not None:
+            out.update({f"hybrid/steps_r{r}": s for r, s in enumerate(last["steps"])})
+            out.update({f"hybrid/weight_r{r}": w for r, w in enumerate(last["weights"])})
+            out["hybrid/delta_bytes_sent"] = self.controller.exchange.bytes_sent
+        return out
+
     def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:
         """The model a checkpoint writes once for all ranks: the anchor mid-period."""
         return module_state if self.controller is None else self.controller.anchor_state(module_state)
