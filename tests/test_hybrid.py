@@ -297,10 +297,11 @@ def _recording(controller) -> list[dict]:
     return records
 
 
-def _epochs(rank: int, world: int) -> dict:
+def _epochs(rank: int, world: int, directory: str) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero_strategy.runtime import HeteroRuntime
+    from hetero_strategy.runtime.checkpoint import Checkpointer
 
     init_gloo(rank, world)
     cfg = HeteroConfig.from_flat(mode="hybrid", periods=[8, 1], plateau_thresholds=[0.05], max_staleness=TAU)
@@ -310,6 +311,10 @@ def _epochs(rank: int, world: int) -> dict:
     runtime.register_hook(ddp)
     records = _recording(runtime.hybrid.controller)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    # time-based saves: rank 0's clock decides a few sync points ahead; the syncs inside join()
+    # (which only the active ranks see) must not throw the ranks' counts apart
+    ckpt = Checkpointer(runtime, directory, every_s=0.01)
+    saved = []
     g = torch.Generator().manual_seed(rank)
     evaluated = []
     for _epoch in range(2):
@@ -323,14 +328,19 @@ def _epochs(rank: int, world: int) -> dict:
             if rank == 1:
                 time.sleep(0.02)
             runtime.step_end(samples=BATCH[rank])
+            if ckpt.step_end(ddp, opt):
+                saved.append(runtime.checkpoint_step())
         runtime.join()
         assert runtime.synced
+        if ckpt.step_end(ddp, opt):
+            saved.append(runtime.checkpoint_step())
         evaluated.append(runtime.evaluated(1.0))  # a collective every rank reaches after join
-    return {"records": records, "final": [p.detach().clone() for p in net.parameters()]}
+    ckpt.close()
+    return {"records": records, "final": [p.detach().clone() for p in net.parameters()], "saved": saved}
 
 
-def test_join_at_the_end_of_the_data_keeps_every_sample_and_ends_on_one_model():
-    out = run_distributed(_epochs, 2, timeout=60)
+def test_join_at_the_end_of_the_data_keeps_every_sample_and_ends_on_one_model(tmp_path):
+    out = run_distributed(_epochs, 2, str(tmp_path), timeout=60)
     records = out[0]["records"]
     assert [(r["steps"], r["samples"]) for r in records] == [(r["steps"], r["samples"]) for r in out[1]["records"]]
     for rank in range(2):  # nothing dropped: every rank's samples of both epochs are in some sync
@@ -341,6 +351,7 @@ def test_join_at_the_end_of_the_data_keeps_every_sample_and_ends_on_one_model():
         assert all(w == 0 for w, s in zip(r["weights"], r["steps"], strict=True) if s == 0)  # no steps: no weight
     for a, b in zip(out[0]["final"], out[1]["final"], strict=True):
         assert torch.equal(a, b)
+    assert out[0]["saved"] == out[1]["saved"] and out[0]["saved"]  # the same sync points on every rank
 
 
 def _frozen_peer(rank: int, world: int) -> None:

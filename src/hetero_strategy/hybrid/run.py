@@ -44,16 +44,14 @@ class HybridTraining:
         self._optimizers: list[weakref.ref] = []
         self._pending: dict[str, Any] | None = None
         self.synced = True  # every rank holds the same model and waits for no one: evaluate or save here
+        # NOTE: synced points counted alike on every rank (not the syncs inside a join, which only the
+        # active ranks see): what checkpoints are scheduled and named by
+        self.points = 0
 
     @property
     def local(self) -> bool:
         """A local-SGD phase (models averaged every period), not the last, synchronous one."""
         return not self.schedule.synchronous
-
-    @property
-    def syncs(self) -> int:
-        """Sync points passed (periods, then synchronous steps): the same number on every rank."""
-        return 0 if self.controller is None else self.controller.syncs
 
     def attach(self, ddp_model: Any) -> None:
         """Set up the controller on the DDP model (after its constructor broadcast the weights)."""
@@ -91,6 +89,7 @@ class HybridTraining:
         else:
             self.controller.synchronous_step()
             self.synced = True
+        self.points += int(self.synced)
         return self.synced
 
     def join(self) -> None:
@@ -100,6 +99,7 @@ class HybridTraining:
             self._require_controller()
             self.controller.join()
             self.synced = True
+            self.points += 1
 
     def evaluated(self, val_loss: float) -> bool:
         """One evaluation, on every rank at a sync point (collective in local phases); True on a switch."""
@@ -115,7 +115,8 @@ class HybridTraining:
     def metrics(self) -> dict[str, float]:
         """Phase, period, sync count and the last sync's per-rank steps and weights: the same on
         every rank, with no collective (they come from the last sync's all-gather)."""
-        out = {"hybrid/phase": self.schedule.phase, "hybrid/period": self.schedule.period, "hybrid/syncs": self.syncs}
+        out = {"hybrid/phase": self.schedule.phase, "hybrid/period": self.schedule.period,
+               "hybrid/syncs": 0 if self.controller is None else self.controller.syncs}
         last = None if self.controller is None else self.controller.last
         if last is not None:
             out.update({f"hybrid/steps_r{r}": s for r, s in enumerate(last["steps"])})
@@ -134,15 +135,17 @@ class HybridTraining:
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         local = self.controller.state_dict() if self.controller is not None else self._pending
-        return {"schedule": self.schedule.state_dict(), "local": local}
+        return {"schedule": self.schedule.state_dict(), "local": local, "points": self.points}
 
     def shared_state_dict(self) -> dict[str, Any]:
         """What any world size can resume from: the phase, its history and the sync count (the
         model is the anchor; the ranks' steps since the last sync are per rank and lost)."""
-        return {"schedule": self.schedule.state_dict(), "local": {"syncs": self.syncs, "count": 0, "samples": 0.0}}
+        return {"schedule": self.schedule.state_dict(), "points": self.points,
+                "local": {"syncs": self.points, "count": 0, "samples": 0.0}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])
+        self.points = int(state.get("points", 0))
         if state.get("local") is None:
             return
         if self.controller is None:

@@ -53,5 +53,6 @@ class HybridEvents:
         return self.hybrid is None or self.hybrid.synced
 
     def checkpoint_step(self) -> int:
-        """The step a checkpoint is named by, the same on every rank (sync points in hybrid mode)."""
-        return self.steps if self.hybrid is None else self.hybrid.syncs
+        """The step a checkpoint is scheduled and named by, the same on every rank: in hybrid mode
+        the points where :attr:`synced` was True."""
+        return self.steps if self.hybrid is None else self.hybrid.points
