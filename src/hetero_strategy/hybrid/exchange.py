@@ -47,9 +47,9 @@ class DeltaExchange:
     def sparse(self) -> bool:
         return self.density is not None and self.density * self.world_size < 1
 
-    def flush(self, numel: int) -> torch.Tensor:
+    def flush(self, numel: int, device: torch.device) -> torch.Tensor:
         """This rank's residual (zeros without one), handed over for a dense :meth:`reduce`."""
-        residual = torch.zeros(numel) if self.residual is None else self.residual
+        residual = torch.zeros(numel, device=device) if self.residual is None else self.residual
         self.residual = None
         return residual
 

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
+from hetero_strategy.hooks.tiers import device_for
 from hetero_strategy.hybrid.exchange import DeltaExchange, reduce_flat
 
 __all__ = ["LocalSGD", "staleness_weights"]
@@ -211,9 +212,11 @@ class LocalSGD:
         return True
 
     def _gather_counts(self, joined: bool) -> tuple[list[int], list[float], list[bool]]:
-        mine = torch.tensor([self.count, self.samples, float(joined)], dtype=torch.float64)
         if self.world_size == 1:
             return [self.count], [self.samples], [joined]
+        # NOTE: on the group's device: NCCL takes CUDA tensors only
+        mine = torch.tensor([self.count, self.samples, float(joined)], dtype=torch.float64,
+                            device=device_for(self.group))
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine, group=self.group)
         return [int(t[0]) for t in every], [float(t[1]) for t in every], [bool(t[2]) for t in every]
@@ -256,7 +259,8 @@ class LocalSGD:
         """
         if self.exchange.sparse():  # the same answer on every rank
             self.begin_step()  # an anchor even if no local step ran
-            flat = self.exchange.flush(sum(t.numel() for t in self.tensors.values()))
+            first = next(iter(self.tensors.values()))
+            flat = self.exchange.flush(sum(t.numel() for t in self.tensors.values()), first.device)
             with self._phase("hybrid phase change"):
                 self._add_to_anchor(self.exchange.reduce(flat, dense=True))
         weight = 1.0 / self.world_size if self._weights is None else self._weights[self.rank]

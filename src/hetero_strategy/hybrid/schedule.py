@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
+from hetero_strategy.hooks.tiers import device_for
 
 __all__ = ["PhaseSchedule", "relative_change"]
 
@@ -39,7 +40,7 @@ def _mean_over_ranks(value: float, group: Any = None) -> float:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return float(value)
     # NOTE: fp64, so the mean is the same on every rank whatever the summation order's rounding
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device_for(group))  # NCCL: CUDA tensors only
     dist.all_reduce(t, group=group)
     return float(t.item()) / dist.get_world_size(group)
 
