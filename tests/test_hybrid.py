@@ -368,6 +368,7 @@ def _frozen_peer(rank: int, world: int) -> None:
     for _ in range(2 if rank == 0 else 100):
         with runtime.local_step(ddp):
             ddp(torch.ones(2, 5)).sum().backward()
+        runtime.before_optimizer_step(opt)
         opt.step()
         opt.zero_grad()
         runtime.step_end()

@@ -85,6 +85,10 @@ class HybridTraining:
         """The optimizer step ended; True when it ended at a sync point (collective then)."""
         self._require_controller()
         if self.local:
+            if not self._optimizers:  # NOTE: without them the phase change could not align the replicas
+                raise RuntimeError("hetero: mode='hybrid' needs runtime.before_optimizer_step(optimizer) before "
+                                   "each optimizer step: it clips the local gradient and registers the optimizer, "
+                                   "whose per-rank state is averaged on entering the synchronous phase")
             self.synced = self.controller.step_end(samples, self.schedule.period)
         else:
             self.controller.synchronous_step()
