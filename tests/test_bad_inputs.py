@@ -19,6 +19,7 @@ from hetero_strategy.config import (
     CompressionConfig,
     ConfigError,
     HeteroConfig,
+    HybridConfig,
     PrecisionConfig,
     ReliabilityConfig,
 )
@@ -47,6 +48,10 @@ CONFIG = {
     "stall_timeout_s": (0, "stall_timeout_s=0"), "checkpoint_dir": ("", "checkpoint_dir=''"),
     "checkpoint_every_steps": (0, "checkpoint_every_steps=0"), "checkpoint_every_s": (-1, "checkpoint_every_s=-1"),
     "keep_checkpoints": (0, "keep_checkpoints=0"), "resume": ("always", "resume='always'"),
+    "mode": ("async", "mode='async'"), "periods": ([8, 2], "periods=[8, 2]"),
+    "plateau_thresholds": ([0.01, 0.05], "plateau_thresholds[1]=0.05"), "plateau_evals": (0, "plateau_evals=0"),
+    "max_staleness": (0, "max_staleness=0"), "staleness_decay": (0.0, "staleness_decay=0.0"),
+    "local_clip_norm": (-1.0, "local_clip_norm=-1.0"), "delta_density": (2.0, "delta_density=2.0"),
 }
 
 # flags -> what the output must name; nothing may start (see _no_work)
@@ -83,7 +88,7 @@ def _assert_clear(error: BaseException, *needles: str) -> None:
 
 def test_every_config_field_has_a_case():
     fields = {f.name for c in (BalanceConfig, CalibrationConfig, CompressionConfig, PrecisionConfig,
-                               ReliabilityConfig) for f in dataclasses.fields(c)}
+                               ReliabilityConfig, HybridConfig) for f in dataclasses.fields(c)}
     assert fields == set(CONFIG), f"fields without a bad-input case: {sorted(fields - set(CONFIG))}"
 
 

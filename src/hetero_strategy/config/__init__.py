@@ -14,6 +14,7 @@ Example::
 from hetero_strategy.config.compression import COMPRESSION_METHODS, TIERS, CompressionConfig
 from hetero_strategy.config.errors import CONFIG_ENV, ConfigError
 from hetero_strategy.config.hetero import HeteroConfig, field_owners
+from hetero_strategy.config.hybrid import HYBRID_MODES, HybridConfig
 from hetero_strategy.config.precision import DTYPE_NAMES, PrecisionConfig
 from hetero_strategy.config.reliability import NONFINITE_ACTIONS, ReliabilityConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
@@ -22,6 +23,7 @@ __all__ = [
     "COMPRESSION_METHODS",
     "CONFIG_ENV",
     "DTYPE_NAMES",
+    "HYBRID_MODES",
     "NONFINITE_ACTIONS",
     "TIERS",
     "BalanceConfig",
@@ -29,6 +31,7 @@ __all__ = [
     "CompressionConfig",
     "ConfigError",
     "HeteroConfig",
+    "HybridConfig",
     "PrecisionConfig",
     "ReliabilityConfig",
     "field_owners",

@@ -11,6 +11,7 @@ import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
 from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.hybrid import HybridConfig
 from hetero_strategy.config.precision import PrecisionConfig
 from hetero_strategy.config.reliability import ReliabilityConfig
 from hetero_strategy.config.sections import BalanceConfig, CalibrationConfig
@@ -24,6 +25,8 @@ _SECTIONS: dict[str, tuple[type, str | None]] = {
     "compression": (CompressionConfig, "method"),
     "precision": (PrecisionConfig, None),
     "reliability": (ReliabilityConfig, None),
+    # NOTE: no shorthand: `hybrid="hybrid"` reads badly; the flat key is `mode="hybrid"`
+    "hybrid": (HybridConfig, None),
 }
 
 
@@ -36,6 +39,7 @@ class HeteroConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     def __post_init__(self) -> None:
         for name, (cls, _) in _SECTIONS.items():
@@ -44,6 +48,19 @@ class HeteroConfig:
                 setattr(self, name, _build_section(name, cls, value))
             elif not isinstance(value, cls):
                 _fail(name, value, f"must be a {cls.__name__} or a mapping of its fields")
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        # NOTE: both run a collective every optimizer step, which ranks taking unequal numbers of
+        # local steps would never all reach (a hang)
+        if self.hybrid.mode != "hybrid":
+            return
+        if self.calibration.calibrate:
+            _fail("calibrate", True, "online calibration all-gathers timings every step, which local-SGD phases "
+                  "cannot do; use calibrate=False with mode='hybrid'")
+        if self.precision.precision_policy is not None:
+            _fail("precision_policy", self.precision.precision_policy, "coordinated loss scaling reduces every "
+                  "step, which local-SGD phases cannot do; use precision_policy=None with mode='hybrid'")
 
     # ---- construction -------------------------------------------------------------------
     @classmethod

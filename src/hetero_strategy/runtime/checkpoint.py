@@ -126,11 +126,13 @@ class Checkpointer:
         """Once per optimizer step, on every rank: surface a finished write's error, and say whether a save is due now (an adapter may
         save a moment later, once the scheduler has stepped)."""
         self.writer.check()
-        return self.schedule.due(self.runtime.steps if step is None else step)  # steps done, after step_end
+        if step is None and not self.runtime.synced:  # hybrid: ranks between syncs are at different steps
+            return False
+        return self.schedule.due(self.runtime.checkpoint_step() if step is None else step)  # steps done, after step_end
 
     def save(self, model: Any, optimizer: Any, step: int | None = None) -> Path:
         """Start writing a checkpoint after ``step`` optimizer steps (collective); returns its final path."""
-        step = self.runtime.steps if step is None else step
+        step = self.runtime.checkpoint_step() if step is None else step
         final = self.directory / f"step_{step:08d}"
         self.writer.save(snapshot(self.runtime, model, optimizer, self.stateful), final)
         self.writer.then(self._prune)
@@ -176,8 +178,9 @@ class Checkpointer:
         small = read_small(self.writer, path, ["optim", *extras])
         module = module_of(model)
         self.writer.load(path, {"model": module.state_dict()})  # in place, into the parameters
-        for opt, state in zip(optimizers_of(optimizer), read_or_explain(path, lambda: unblob(small["optim"])),
-                              strict=True):
+        own = small.get(f"hetero.optim{self.rank}")  # hybrid mode: this rank's own optimizer state
+        optim = own if own is not None else small["optim"]
+        for opt, state in zip(optimizers_of(optimizer), read_or_explain(path, lambda: unblob(optim)), strict=True):
             opt.load_state_dict(state)
         for k, v in self.stateful.items():
             if small.get(f"extra.{k}") is not None:
@@ -197,7 +200,8 @@ def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, 
     saved_world = sum(1 for k in saved if k.startswith("hetero.rank"))
     small: dict[str, Any] = {RUN: None, **{k: None for k in keys if k in saved}}
     if saved_world == world:
-        small.update({k: None for k in (f"hetero.rank{rank}", f"hetero.rng{rank}") if k in saved})
+        small.update({k: None for k in (f"hetero.rank{rank}", f"hetero.rng{rank}", f"hetero.optim{rank}")
+                      if k in saved})
     elif rank == 0:
         small.update({f"hetero.lost{r}": None for r in range(saved_world)})
     writer.load(path, small)

@@ -33,8 +33,10 @@ from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.hybrid import HybridTraining
 from hetero_strategy.precision import RankPrecision
 from hetero_strategy.runtime.gate import StepGate
+from hetero_strategy.runtime.hybrid_events import HybridEvents
 from hetero_strategy.runtime.loaders import (
     check_sample_cost,
     hetero_train_loader,
@@ -54,7 +56,7 @@ log = logging.getLogger("hetero_strategy")
 Measure = Callable[[list[tuple[Any, int]], ProbeExchange], "StepCost | None"]
 
 
-class HeteroRuntime(RuntimeState):
+class HeteroRuntime(RuntimeState, HybridEvents):
     """Plan, sampler, hook state, calibrator, timer and checkpoint state of one rank.
 
     Args:
@@ -84,6 +86,9 @@ class HeteroRuntime(RuntimeState):
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self._batch_open = False
         self._pending: dict[str, Any] = {}
+        # local-SGD phases (mode="hybrid"): the controller is set up by register_hook
+        self.hybrid = HybridTraining(config.hybrid, rank, world_size, self.info, self.phase,
+                                     config.reliability.stall_timeout_s) if config.hybrid.mode == "hybrid" else None
 
     def info(self, message: str) -> None:
         if self.rank == 0:
@@ -109,6 +114,8 @@ class HeteroRuntime(RuntimeState):
         self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
         self._restore_pending()
         ddp_model.register_comm_hook(self.hook_state, self.gate.guard.wrap_hook(hook))
+        if self.hybrid is not None:
+            self.hybrid.attach(ddp_model)
         # Inside runtime.phase(...) no collective waits longer than stall_timeout_s, and a failed one is explained
         if self.watch is None and self.world_size > 1:
             self.watch = StallWatch(self.rank, self.world_size, self.config.reliability.stall_timeout_s,
@@ -216,16 +223,20 @@ class HeteroRuntime(RuntimeState):
             self.timer.backward_end(getattr(self.hook_state, "last_hook_time", None))
             self._batch_open = False
 
-    def step_end(self, step: int | None = None) -> list[int] | None:
-        """An optimizer step ended: timings, then calibration when due.
+    def step_end(self, step: int | None = None, samples: float | None = None) -> list[int] | None:
+        """An optimizer step ended: timings, then calibration when due; in hybrid mode the period's
+        sync when it is over (see :attr:`synced`).
 
         ``step`` numbers optimizer steps from 0 (the framework's counter); None uses the
-        runtime's own count, which checkpoints carry.
+        runtime's own count, which checkpoints carry. ``samples``: this step's samples, the
+        weight of a local step in hybrid averaging (default: the sampler's batch size, else 1).
         """
         self._close_batch()
         step = self.steps if step is None else step
         self.steps = step + 1
         self.timer.step_end(getattr(self.hook_state, "last_bytes_sent", 0))
+        if self.hybrid is not None:
+            self.hybrid.step_end(samples if samples is not None else self.local_batch or 1)
         if self.balancer is None:
             return None
         new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch, self.timer.step_time)
@@ -277,7 +288,7 @@ class HeteroRuntime(RuntimeState):
     def _parts(self) -> dict[str, Any]:
         """The checkpointed parts by key (None until built)."""
         return {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer,
-                "scaler": None if self.precision is None else self.precision.scaler}
+                "scaler": None if self.precision is None else self.precision.scaler, "hybrid": self.hybrid}
 
     def _restore_pending(self) -> None:
         for key, part in self._parts().items():

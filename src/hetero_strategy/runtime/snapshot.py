@@ -8,6 +8,9 @@ Keys of the DCP state dict:
   state, and an adapter that wraps ``step`` (the Accelerate plugin) would count that as a step;
 * ``hetero.run``: world size, steps, data position, schedule step, config (replicated);
 * ``hetero.rank<r>`` / ``hetero.lost<r>``: rank r's runtime state, and the size of its residuals;
+* ``hetero.optim<r>``: in hybrid mode, rank r's own optimizers (local phases keep them per rank),
+  and ``model`` is the last sync's anchor, the same on every rank mid-period too (each rank's
+  own tensors ride in its runtime state);
 * ``hetero.rng<r>``: rank r's random number generators (torch, CUDA, numpy, Python), so dropout
   and augmentation draw after a resume what they would have drawn without the interruption;
 * ``extra.<name>``: any other state (e.g. LR schedulers), replicated.
@@ -46,8 +49,15 @@ def optimizers_of(optimizer: Any) -> list[Any]:
 
 def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any]) -> dict[str, Any]:
     """The state dict one rank hands to DCP (host copies are DCP's staging, right after)."""
-    return {"model": module_of(model).state_dict(), "optim": blob([o.state_dict() for o in optimizers_of(optimizer)]),
-            **hetero_snapshot(runtime), **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}
+    model_state = module_of(model).state_dict()
+    optim = blob([o.state_dict() for o in optimizers_of(optimizer)])
+    own_optim = {}
+    hybrid = getattr(runtime, "hybrid", None)
+    if hybrid is not None:  # local phases: every rank's own optimizer, and the anchor as the model
+        model_state = hybrid.anchor_state(model_state)
+        own_optim = {f"hetero.optim{runtime.rank}": optim}
+    return {"model": model_state, "optim": optim, **own_optim, **hetero_snapshot(runtime),
+            **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}
 
 
 def hetero_snapshot(runtime: Any) -> dict[str, Any]:
@@ -62,8 +72,11 @@ def run_record(runtime: Any, mine: dict[str, Any]) -> dict[str, Any]:
     """What any world size can resume from: steps, data position, schedule step, config."""
     sampler = runtime.sampler
     epoch, samples = sampler.position if sampler is not None else (0, 0)
-    return {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
-            "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
+    run = {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
+           "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
+    if getattr(runtime, "hybrid", None) is not None:  # the phase and sync count, the same on every rank
+        run["hybrid"] = runtime.hybrid.shared_state_dict()
+    return run
 
 
 def _rng_state() -> dict[str, Any]:

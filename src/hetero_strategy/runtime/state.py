@@ -69,9 +69,12 @@ class RuntimeState:
 
     def load_other_world(self, run: dict[str, Any]) -> None:
         """Resume a run saved with another world size: the step count, the schedule step and the
-        data position carry over; shares, residuals, calibrator and loss scale start fresh."""
+        data position carry over; shares, residuals, calibrator and loss scale start fresh. In
+        hybrid mode the phase and its history carry over, and the period restarts from the anchor."""
         self.steps = int(run["steps"])
         self._pending = {"sampler_position": (int(run["epoch"]), int(run["samples"]))}
+        if run.get("hybrid") is not None:
+            self._pending["hybrid"] = run["hybrid"]
         if run.get("hook_step") is not None:
             self._pending["hook"] = {"step": int(run["hook_step"])}
         self._restore_pending()

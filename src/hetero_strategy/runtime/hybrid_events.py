@@ -1,0 +1,58 @@
+"""The hybrid-mode events of :class:`~hetero_strategy.runtime.HeteroRuntime` (issue 14).
+
+A bare-DDP loop in ``mode="hybrid"``::
+
+    runtime = HeteroRuntime(HeteroConfig.from_flat(mode="hybrid"), rank, world_size)
+    runtime.register_hook(ddp)                       # also sets up the local-step controller
+    for x, y in batches:                             # each rank at its own pace in local phases (one epoch)
+        with runtime.local_step(ddp):                # no_sync in a local phase
+            loss_fn(ddp(x), y).backward()
+        runtime.before_optimizer_step(opt)           # local clipping
+        opt.step(); opt.zero_grad()
+        runtime.step_end(samples=len(x))             # may end the period: the weighted sync
+    runtime.join()                                   # data over: wait for the others' last syncs
+    runtime.evaluated(validate(ddp))                 # every rank, same model: the phase schedule
+
+In ``mode="sync"`` every method here is a no-op and :attr:`synced` is always True.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+__all__ = ["HybridEvents"]
+
+
+class HybridEvents:
+    """Mixin of HeteroRuntime: needs ``hybrid`` (a HybridTraining or None) and ``steps``."""
+
+    def local_step(self, ddp_model: Any) -> contextlib.AbstractContextManager:
+        """``with runtime.local_step(ddp): loss.backward()``: no gradient exchange in a local phase."""
+        return contextlib.nullcontext() if self.hybrid is None else self.hybrid.local_step(ddp_model)
+
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
+        if self.hybrid is not None:
+            self.hybrid.before_optimizer_step(optimizer)
+
+    def join(self) -> None:
+        """At the end of this rank's data (each epoch), before evaluating: in a local phase the ranks
+        took unequal numbers of steps, so one that ran out takes part in the others' remaining
+        syncs with no steps until every rank called it (collective); then all hold the same model."""
+        if self.hybrid is not None:
+            self.hybrid.join()
+
+    def evaluated(self, val_loss: float) -> bool:
+        """Every rank, at each evaluation (right after a sync): the phase schedule; True on a switch."""
+        return False if self.hybrid is None else self.hybrid.evaluated(val_loss)
+
+    @property
+    def synced(self) -> bool:
+        """Every rank holds the same model now (always, outside local phases): where to evaluate or save."""
+        return self.hybrid is None or self.hybrid.synced
+
+    def checkpoint_step(self) -> int:
+        """The step a checkpoint is scheduled and named by, the same on every rank: in hybrid mode
+        the points where :attr:`synced` was True."""
+        return self.steps if self.hybrid is None else self.hybrid.points
