@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test docs lint clean bench-balance bench-compression bench-kernels bench-bert gpu-check
+.PHONY: install demo test docs lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
 
 install: $(STAMP)
 
@@ -45,6 +45,9 @@ bench-bert: install
 	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 200 --json benchmarks/results/bert_recipe.json
 	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 60 --json benchmarks/results/bert_recipe_60.json
 	flock /tmp/hetero_cpu.lock $(BIN)/python benchmarks/bench_bert_recipe.py --steps 30 --json benchmarks/results/bert_recipe_30.json
+
+bench-hybrid: install
+	flock /tmp/hetero_cpu.lock $(BIN)/hetero-strategy bench hybrid --json benchmarks/results/hybrid.json
 
 bench-kernels: install
 	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/kernels.json

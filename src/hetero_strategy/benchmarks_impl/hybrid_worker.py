@@ -9,14 +9,15 @@ each epoch end (after ``join``, in hybrid mode) the held-out loss also goes to t
 schedule (``runtime.evaluated``), the same on every rank, so a phase changes at an epoch
 boundary, where every rank stands at the same batch of the epoch.
 
-argv: out_dir --modes ... --seeds N --epochs E --batch B --capacities a,b. Rank 0 writes
-``hybrid_r0.json``: {mode: [per-seed {curve: [(leader steps, accuracy, seconds)], accuracy,
+argv: out_dir --modes ... --seeds N --epochs E --batch B --capacities a,b. Rank r writes
+``hybrid_r<r>.json``: {mode: [per-seed {curve: [(leader steps, accuracy, seconds)], accuracy,
 train_s, phases, syncs, ...}]}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _run(mode: str, seed: int, args: argparse.Namespace, train, test) -> dict:
     ddp = DistributedDataParallel(net)
     runtime.register_hook(ddp, max_steps=args.epochs * len(loader))
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    trained, curve, phases = 0.0, [], []
+    trained, curve, phases, period_steps = 0.0, [], [], []
     hybrid = runtime.hybrid
 
     def record(schedule: bool) -> None:
@@ -92,7 +93,10 @@ def _run(mode: str, seed: int, args: argparse.Namespace, train, test) -> dict:
             runtime.step_end(samples=len(x))
             if runtime.synced:  # every step when synchronous; a period's last step in a local phase
                 synced_steps += 1
-                if (hybrid is not None and hybrid.local) or synced_steps % args.eval_every == 0:
+                if hybrid is not None and hybrid.local:
+                    period_steps.append(hybrid.controller.last["steps"])
+                    record(schedule=False)
+                elif synced_steps % args.eval_every == 0:
                     record(schedule=False)
         if hybrid is not None:
             hybrid.join()  # this rank's epoch is over: it waits in the syncs until every rank's is
@@ -101,7 +105,8 @@ def _run(mode: str, seed: int, args: argparse.Namespace, train, test) -> dict:
     out = {"accuracy": curve[-1][1], "train_s": trained, "curve": curve, "phases": phases,
            "steps": runtime.steps, "batch_sizes": runtime.sampler.batch_sizes}
     if hybrid is not None:
-        out["syncs"] = hybrid.syncs
+        out["hybrid"] = hybrid.metrics()
+        out["period_steps"] = period_steps  # each local period's steps per rank (from its sync)
     return out
 
 
@@ -117,7 +122,8 @@ def _job(args: argparse.Namespace) -> dict:
             if dist.get_rank() == 0:
                 print(f"hybrid bench {m} seed {seed}: acc {r['accuracy']:.3f} after {r['train_s']:.1f} s "
                       f"({r['steps']} steps on rank 0, phase switches at {r['phases']})", flush=True)
-    return out
+    (args.out / f"hybrid_r{dist.get_rank()}.json").write_text(json.dumps(out))  # every rank: the driver reads all
+    return {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacities", type=lambda s: [float(v) for v in s.split(",")], required=True)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    return gloo_job(str(args.out / "hybrid_r0.json"), lambda: _job(args), timeout_s=600)
+    return gloo_job(str(args.out / "unused.json"), lambda: _job(args), timeout_s=600)
 
 
 if __name__ == "__main__":
