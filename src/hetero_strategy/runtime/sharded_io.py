@@ -110,19 +110,32 @@ class ShardedWriter:
         try:
             if self.rank == 0 and future.exception() is None:
                 final = writing.with_name(writing.name.removesuffix(PARTIAL))
+                old = final.with_name(final.name + f".replaced{PARTIAL}")
                 if final.exists():  # the same name saved again (a restart, Lightning's last.ckpt)
-                    remove_committed(final)
+                    os.replace(final, old)  # NOTE: a directory cannot be replaced in one rename
                 os.replace(writing, final)
                 _fsync_dir(final.parent)
-                with self._lock:
-                    actions, self._after = self._after, []
-                for action in actions:
-                    action()
+                shutil.rmtree(old, ignore_errors=True)
         except Exception as e:  # noqa: BLE001 - raised by wait(), in the training thread
             self._commit_error = e
         finally:
+            self._run_after(ok=self._commit_error is None and future.exception() is None, done=done)
+
+    def _run_after(self, ok: bool, done: threading.Event) -> None:
+        """The actions then() queued, until none is left; ``done`` is set under the same lock as
+        the last look, so an action queued later sees it and runs itself. After a failed write
+        they are dropped: the newer checkpoint is not there, so the older one stays."""
+        while True:
             with self._lock:
-                done.set()
+                actions, self._after = self._after, []
+                if not actions:
+                    done.set()
+                    return
+            for action in actions if ok else ():
+                try:
+                    action()
+                except Exception as e:  # noqa: BLE001 - raised by the next wait()
+                    self._commit_error = e
 
     def load(self, path: Path, state: dict[str, Any], *, collective: bool = True) -> None:
         """Fill ``state`` in place from ``path``; ``collective=False`` reads on this rank alone."""
