@@ -113,6 +113,25 @@ def test_an_older_checkpoint_is_removed_only_after_the_new_one_is_committed(tmp_
     assert seen == [True] and not Path(str(final) + ".partial").exists()
 
 
+def test_a_crashs_leftovers_are_settled_before_the_next_write(tmp_path):
+    """Each state a crash can leave, built by hand: what is whole comes back, the rest goes."""
+    from hetero_strategy.runtime.sharded_io import sweep
+
+    def ckpt(name: str, whole: bool = True) -> Path:
+        (tmp_path / name).mkdir()
+        if whole:
+            (tmp_path / name / ".metadata").write_bytes(b"m")
+        return tmp_path / name
+
+    ckpt("last.ckpt.replaced.partial")  # killed between the two renames of a name saved again
+    ckpt("a.ckpt"), ckpt("a.ckpt.replaced.partial")  # killed after both renames
+    ckpt("b.ckpt.partial")  # written completely, killed before the rename
+    ckpt("c.ckpt.partial", whole=False)  # killed inside the write
+    ckpt("d.ckpt.removed-1a2b3c4d.partial")  # killed while deleting
+    sweep(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "b.ckpt", "last.ckpt"]
+
+
 def test_a_bad_state_dict_type_is_refused_at_construction():
     from hetero_strategy import HeteroStrategy
 

@@ -116,7 +116,8 @@ def _job(args: argparse.Namespace) -> dict:
     _run(args.modes[0], 0, warm, train, test)  # one-time costs (allocator, gloo) land on nobody
     out: dict[str, list] = {m: [] for m in args.modes}
     for seed in range(args.seeds):
-        for m in args.modes:
+        k = seed % len(args.modes)
+        for m in args.modes[k:] + args.modes[:k]:  # rotated per seed: no mode always runs first
             r = _run(m, seed, args, train, test)
             out[m].append(r)
             if dist.get_rank() == 0:

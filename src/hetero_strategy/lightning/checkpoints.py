@@ -19,7 +19,7 @@ from typing import Any
 
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.dict_checkpoint import load_dict_checkpoint, save_dict_checkpoint
-from hetero_strategy.runtime.sharded_io import ShardedWriter, is_sharded, remove_committed
+from hetero_strategy.runtime.sharded_io import ShardedWriter, is_sharded
 
 __all__ = ["STATE_DICT_TYPES", "CheckpointFormats", "check_state_dict_type"]
 
@@ -40,14 +40,18 @@ class CheckpointFormats:
 
     _writer: ShardedWriter | None = None
 
-    def setup_checkpoint_writer(self) -> None:
-        """Collective (a process group of its own): once the runtime exists, on every rank."""
-        self._writer = ShardedWriter(self.runtime)
+    def _sharded_writer(self) -> ShardedWriter:
+        """The writer, built at the first sharded save or load: collective (a process group of its
+        own), and Lightning saves and loads on every rank at the same point."""
+        if self._writer is None:
+            self._writer = ShardedWriter(self.runtime)
+        return self._writer
 
-    def wait_for_checkpoint(self) -> None:
-        """Finish the sharded write in flight (the end of fit; a failed write raises here)."""
+    def close_checkpoints(self) -> None:
+        """Finish the sharded write in flight and free its group (the end of fit; a failed write raises here)."""
         if self._writer is not None:
-            self._writer.wait()
+            writer, self._writer = self._writer, None
+            writer.close()
 
     def hetero_state_dict(self) -> dict:
         """This rank's hetero state: sampler schedule, hook state (e.g. residuals), calibrator."""
@@ -58,7 +62,7 @@ class CheckpointFormats:
             if storage_options is not None:
                 raise ConfigError(f"storage_options={storage_options!r} is invalid with state_dict_type='sharded': "
                                   "every rank writes its own shard through torch.distributed.checkpoint; drop it")
-            save_dict_checkpoint(self._writer, self.runtime, checkpoint, Path(filepath), **_KEYS)
+            save_dict_checkpoint(self._sharded_writer(), self.runtime, checkpoint, Path(filepath), **_KEYS)
             return
         # NOTE: Lightning writes rank 0's checkpoint only; per-rank state (error-feedback
         # residuals) would be lost, so every rank's state is gathered into it first.
@@ -67,18 +71,21 @@ class CheckpointFormats:
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        path = Path(filepath)
-        if self._writer is not None and path.is_dir():
+        if self._writer is not None and Path(filepath).is_dir():
             # NOTE: ModelCheckpoint drops the old one while the new one is still being written: a
             # crash then must still find the old one, so it goes once the new one is committed
-            self._writer.then(lambda: remove_committed(path) if path.exists() else None)
+            self._writer.remove_after_commit(Path(filepath))
             return
         super().remove_checkpoint(filepath)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        if self._writer is not None and is_sharded(checkpoint_path):
+        if self._writer is not None:  # a save of this run may be the one asked for
+            self._writer.wait()
+            self._writer.barrier()  # NOTE: rank 0 commits after the others' wait() returned
+        if is_sharded(checkpoint_path):
             model_state = self.lightning_module.state_dict()  # read in place: no second copy of the model
-            return load_dict_checkpoint(self._writer, self.runtime, Path(checkpoint_path), model_state, **_KEYS)
+            return load_dict_checkpoint(self._sharded_writer(), self.runtime, Path(checkpoint_path), model_state,
+                                        **_KEYS)
         try:
             checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         except (RuntimeError, EOFError, IsADirectoryError) as e:

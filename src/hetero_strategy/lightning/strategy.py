@@ -221,7 +221,6 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
         self._runtime.setup_precision(self.root_device)
-        self.setup_checkpoint_writer()
 
     @override
     def _register_ddp_hooks(self) -> None:
@@ -294,7 +293,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
 
     @override
     def teardown(self) -> None:
-        self.wait_for_checkpoint()
+        self.close_checkpoints()
         if self._runtime is not None:
             self._runtime.close()
         super().teardown()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.save_schedule import SaveSchedule
-from hetero_strategy.runtime.sharded_io import PARTIAL, ShardedWriter, read_or_explain, remove_committed
+from hetero_strategy.runtime.sharded_io import ShardedWriter, read_or_explain, remove_committed, sweep
 from hetero_strategy.runtime.snapshot import (
     RUN,
     dropped_message,
@@ -107,8 +106,10 @@ class Checkpointer:
                                      self.writer.distributed)
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for stale in self.directory.glob(f"step_*{PARTIAL}"):  # a crash's leftovers
-                shutil.rmtree(stale, ignore_errors=True)
+            for done in sweep(self.directory):  # a crash's leftovers
+                if done.startswith("recovered"):
+                    runtime.warn(f"hetero: {done} in {self.directory} (written completely, then cut off before "
+                                 "its commit)")
             if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 \
                     and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 runtime.warn(_SHARED_STORE)
@@ -148,8 +149,8 @@ class Checkpointer:
         self.writer.wait()
 
     def close(self) -> None:
-        """Wait for the last write (the end of training)."""
-        self.wait()
+        """Wait for the last write (the end of training) and free the writer's process group."""
+        self.writer.close()
         self.schedule.close()
 
     # ---- resuming --------------------------------------------------------------------
@@ -165,6 +166,8 @@ class Checkpointer:
         objects and the runtime (collective); None when there is none or ``resume="never"``."""
         if self.runtime.config.reliability.resume == "never":
             return None
+        self.writer.wait()
+        self.writer.barrier()  # NOTE: rank 0 commits after the others' wait() returned: list after it
         newest = [None]
         if self.rank == 0:
             complete = self.complete()
@@ -176,11 +179,12 @@ class Checkpointer:
         path = Path(newest[0])
         extras = [f"extra.{k}" for k in self.stateful]
         small = read_small(self.writer, path, ["optim", *extras])
-        module = module_of(model)
-        self.writer.load(path, {"model": module.state_dict()})  # in place, into the parameters
         own = small.get(f"hetero.optim{self.rank}")  # hybrid mode: this rank's own optimizer state
-        optim = own if own is not None else small["optim"]
-        for opt, state in zip(optimizers_of(optimizer), read_or_explain(path, lambda: unblob(optim)), strict=True):
+        optim = read_or_explain(path, lambda: unblob(own if own is not None else small["optim"]))
+        optimizers = optimizers_of(optimizer)
+        _check_optimizers(path, optimizers, optim)  # before the model changes: a refusal touches nothing
+        self.writer.load(path, {"model": module_of(model).state_dict()})  # in place, into the parameters
+        for opt, state in zip(optimizers, optim, strict=True):
             opt.load_state_dict(state)
         for k, v in self.stateful.items():
             if small.get(f"extra.{k}") is not None:
@@ -189,6 +193,16 @@ class Checkpointer:
         epoch = self.runtime.sampler.position[0] if self.runtime.sampler is not None else run["epoch"]
         self.runtime.info(f"hetero: resumed from {path} after {run['steps']} steps (epoch {epoch})")
         return Resumed(path, int(run["steps"]), int(epoch), int(run["world_size"]))
+
+
+def _check_optimizers(path: Path, optimizers: list[Any], saved: list[dict]) -> None:
+    """The saved optimizer states fit these optimizers (torch's own check, done before any load)."""
+    mine = [[len(g["params"]) for g in o.param_groups] for o in optimizers]
+    theirs = [[len(g["params"]) for g in state["param_groups"]] for state in saved]
+    if mine != theirs:
+        raise ConfigError(f"checkpoint {str(path)!r} is invalid for this run: its optimizer(s) hold parameter "
+                          f"groups of sizes {theirs}, this run's {mine}; resume with the same model and "
+                          "optimizers, or start without the checkpoint (resume='never', another directory)")
 
 
 def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, Any]:

@@ -43,8 +43,8 @@ def save_dict_checkpoint(writer: ShardedWriter, runtime: Any, checkpoint: dict[s
 def load_dict_checkpoint(writer: ShardedWriter, runtime: Any, path: Path, model_state: dict[str, Any], *,
                          model_key: str, optim_key: str) -> dict[str, Any]:
     """The checkpoint dict saved at ``path``; the model tensors are read into ``model_state`` in
-    place (collective). A checkpoint refused for its config leaves ``model_state`` untouched."""
-    writer.wait()  # a save still in flight may be the one asked for
+    place (collective; a write of ``path`` must be committed first). A checkpoint refused for its
+    config leaves ``model_state`` untouched."""
     small = read_small(writer, path, [_REST, _OPTIM])
     if small.get(_REST) is None:  # a Checkpointer's directory: no framework state to give back
         raise ConfigError(f"checkpoint {str(path)!r} is invalid here: a Checkpointer (HeteroPlugin's "

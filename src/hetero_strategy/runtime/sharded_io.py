@@ -14,6 +14,7 @@ import datetime
 import os
 import shutil
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.stall import StallError
 
-__all__ = ["PARTIAL", "ShardedWriter", "is_sharded", "read_or_explain", "remove_committed"]
+__all__ = ["PARTIAL", "ShardedWriter", "is_sharded", "read_or_explain", "remove_committed", "sweep"]
 
 PARTIAL = ".partial"
+_REPLACED = f".replaced{PARTIAL}"
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
@@ -61,8 +63,9 @@ class ShardedWriter:
         to host memory before this returns, so training may change it right after."""
         self.wait()  # one write in flight at a time
         self.writing = writing = final.with_name(final.name + PARTIAL)
-        if self.rank == 0 and writing.exists():  # a crash's leftover under the same name
-            shutil.rmtree(writing, ignore_errors=True)
+        if self.rank == 0:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            sweep(final.parent)  # a crash's leftovers, the one under this name included
         self.barrier()
         with self.runtime.phase("checkpoint"):
             future = dcp.async_save(state, checkpoint_id=writing, process_group=self.group,
@@ -83,6 +86,17 @@ class ShardedWriter:
                 self._after.append(action)
                 return
         action()
+
+    def remove_after_commit(self, path: Path) -> None:
+        """Remove the committed checkpoint ``path`` (rank 0) once the write in flight is committed."""
+        self.then(lambda: remove_committed(path) if path.exists() else None)
+
+    def close(self) -> None:
+        """Finish the write in flight and free the writer's process group."""
+        self.wait()
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
 
     def check(self) -> None:
         """Surface a finished write's error now (cheap: nothing waits for a write still running)."""
@@ -110,8 +124,9 @@ class ShardedWriter:
         try:
             if self.rank == 0 and future.exception() is None:
                 final = writing.with_name(writing.name.removesuffix(PARTIAL))
-                old = final.with_name(final.name + f".replaced{PARTIAL}")
+                old = final.with_name(final.name + _REPLACED)
                 if final.exists():  # the same name saved again (a restart, Lightning's last.ckpt)
+                    shutil.rmtree(old, ignore_errors=True)  # an earlier crash's copy: final is newer
                     os.replace(final, old)  # NOTE: a directory cannot be replaced in one rename
                 os.replace(writing, final)
                 _fsync_dir(final.parent)
@@ -151,9 +166,32 @@ class ShardedWriter:
 
 def remove_committed(path: Path) -> None:
     """Remove a committed checkpoint: renamed first, so no complete-looking half is ever left."""
-    gone = path.with_name(path.name + f".removed{PARTIAL}")
+    gone = path.with_name(f"{path.name}.removed-{uuid.uuid4().hex[:8]}{PARTIAL}")
     os.replace(path, gone)
     shutil.rmtree(gone, ignore_errors=True)
+
+
+def sweep(directory: Path) -> list[str]:
+    """Rank 0, before writing into ``directory``: settle what a crash left (returns what it did).
+
+    * ``X.replaced.partial`` (the old copy of a name saved again): put back when ``X`` is missing
+      (the crash fell between the two renames), else deleted;
+    * ``X.partial`` with DCP's metadata (written last) and no ``X``: a complete write whose rename
+      was cut off, committed now;
+    * anything else ending in ``.partial`` (a cut-off write, a half-deleted checkpoint): deleted.
+    """
+    done = []
+    for leftover in sorted(directory.glob(f"*{PARTIAL}")):
+        name = leftover.name
+        final = directory / (name.removesuffix(_REPLACED) if name.endswith(_REPLACED) else name.removesuffix(PARTIAL))
+        whole = name.endswith(_REPLACED) or (".removed-" not in name and is_sharded(leftover))
+        if whole and not final.exists():
+            os.replace(leftover, final)
+            done.append(f"recovered {final.name}")
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+            done.append(f"removed {name}")
+    return done
 
 
 def read_or_explain(path: Path, read: Callable[[], Any]) -> Any:

@@ -3,17 +3,21 @@
 Keys of the DCP state dict:
 
 * ``model``: the module's tensors (replicated: DCP writes each once, spread over ranks);
-* ``optim``: the optimizers' ``state_dict()``s as one opaque blob (replicated, written once).
+* ``optim``: the optimizers' ``state_dict()``s as one opaque blob, written by rank 0.
   NOTE: not torch's ``get_state_dict``: it runs ``optimizer.step()`` with lr=0 to create empty
   state, and an adapter that wraps ``step`` (the Accelerate plugin) would count that as a step;
-* ``hetero.run``: world size, steps, data position, schedule step, config (replicated);
+* ``hetero.run``: world size, steps, data position, schedule step, config (rank 0's);
 * ``hetero.rank<r>`` / ``hetero.lost<r>``: rank r's runtime state, and the size of its residuals;
 * ``hetero.optim<r>``: in hybrid mode, rank r's own optimizers (local phases keep them per rank),
   and ``model`` is the last sync's anchor, the same on every rank mid-period too (each rank's
   own tensors ride in its runtime state);
 * ``hetero.rng<r>``: rank r's random number generators (torch, CUDA, numpy, Python), so dropout
   and augmentation draw after a resume what they would have drawn without the interruption;
-* ``extra.<name>``: any other state (e.g. LR schedulers), replicated.
+* ``extra.<name>``: any other state (e.g. LR schedulers), rank 0's.
+
+NOTE: a key several ranks write must hold the same value on each (DCP keeps one rank's copy,
+whichever its planner picks). Blobs that may differ between ranks (in hybrid mode steps,
+optimizer and schedulers are per rank) are therefore written by rank 0 alone, or per rank.
 
 Blobs are ``torch.save`` bytes: DCP would otherwise flatten a nested dict into keys a load must
 know in advance.
@@ -51,21 +55,25 @@ def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any])
     """The state dict one rank hands to DCP (host copies are DCP's staging, right after)."""
     model_state = module_of(model).state_dict()
     optim = blob([o.state_dict() for o in optimizers_of(optimizer)])
-    own_optim = {}
+    state = {"model": model_state, **hetero_snapshot(runtime)}
     hybrid = getattr(runtime, "hybrid", None)
     if hybrid is not None:  # local phases: every rank's own optimizer, and the anchor as the model
-        model_state = hybrid.anchor_state(model_state)
-        own_optim = {f"hetero.optim{runtime.rank}": optim}
-    return {"model": model_state, "optim": optim, **own_optim, **hetero_snapshot(runtime),
-            **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}}
+        state["model"] = hybrid.anchor_state(model_state)
+        state[f"hetero.optim{runtime.rank}"] = optim
+    if runtime.rank == 0:
+        state.update({"optim": optim, **{f"extra.{k}": blob(v.state_dict()) for k, v in stateful.items()}})
+    return state
 
 
 def hetero_snapshot(runtime: Any) -> dict[str, Any]:
-    """This rank's hetero keys: the run record (replicated), its own state, residual size and RNGs."""
+    """This rank's hetero keys: its own state, residual size and RNGs, and rank 0's run record."""
     mine = runtime.state_dict()
     rank = runtime.rank
-    return {RUN: blob(run_record(runtime, mine)), f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
-            f"hetero.rng{rank}": blob(_rng_state())}
+    state = {f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
+             f"hetero.rng{rank}": blob(_rng_state())}
+    if rank == 0:
+        state[RUN] = blob(run_record(runtime, mine))
+    return state
 
 
 def run_record(runtime: Any, mine: dict[str, Any]) -> dict[str, Any]:
