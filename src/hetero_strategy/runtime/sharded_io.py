@@ -205,8 +205,8 @@ def read_or_explain(path: Path, read: Callable[[], Any]) -> Any:
         cause = cause[0] if isinstance(cause, tuple) else cause
         first = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
         raise ConfigError(f"checkpoint {str(path)!r} is invalid: it cannot be read ({first}); it is cut off or "
-                          "not a hetero_strategy checkpoint. Delete it to resume from the one before, or set "
-                          "resume='never' to start fresh") from None
+                          "not a hetero_strategy checkpoint. Delete it to resume from the one before, or start fresh "
+                          "(resume='never'; under Lightning another ckpt_path)") from None
 
 
 def _fsync_dir(path: Path) -> None:
