@@ -8,7 +8,9 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
-    optimizer_step        -> the non-finite rule, per-rank timings, metrics
+    optimizer_step        -> the non-finite rule, per-rank timings, metrics; in mode="hybrid" the
+                             local step (no_sync, clipping), the period's sync, join at the epoch's end
+    on_validation_end     -> mode="hybrid": the phase schedule, fed trainer.callback_metrics[hybrid_monitor]
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -43,6 +45,15 @@ from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
+from hetero_strategy.lightning.hybrid import (
+    check_hybrid_monitor,
+    check_hybrid_trainer,
+    local_closure,
+    local_sigterm_check,
+    monitored_value,
+    refuse_synced_log,
+    training_stops_here,
+)
 from hetero_strategy.lightning.options import (
     check_checkpoint_dir,
     check_ddp_kwargs,
@@ -80,6 +91,8 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
         state_dict_type: "full" (Lightning's single checkpoint file, written by rank 0) or "sharded"
             (a directory: every rank writes its own shard asynchronously; see docs/reliability.md).
+        hybrid_monitor: with ``mode="hybrid"``, the key ``validation_step`` logs whose value (mean
+            over ranks) feeds the phase schedule at every validation end (docs/hybrid.md).
         **kwargs: any other field of :class:`HeteroConfig` (``tiers``, ``pipeline_stages`` ...);
             the remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
     """
@@ -101,6 +114,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         compression: str | None = None,
         precision_policy: str | list[str] | dict[str, str] | None = None,
         state_dict_type: str = "full",
+        hybrid_monitor: str = "val_loss",
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -121,6 +135,9 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         check_checkpoint_dir(self.hetero_config)
         check_state_dict_type(state_dict_type)
         self.state_dict_type = state_dict_type
+        check_hybrid_monitor(hybrid_monitor)
+        self.hybrid_monitor = hybrid_monitor
+        self._in_batch = False  # inside a training batch (hybrid: no synced logs there)
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -205,6 +222,9 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
                               "(or drop precision_policy to let Lightning decide)")
         if self.runtime.precision is not None:
             self.runtime.precision.keep_fp32(trainer.lightning_module)
+        if self.runtime.hybrid is not None:
+            check_hybrid_trainer(trainer)
+            local_sigterm_check(trainer, self.runtime)
         super().setup(trainer)
 
     @override
@@ -260,6 +280,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        self._in_batch = True
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     @override
@@ -281,16 +302,39 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
+        if self.runtime.hybrid is not None:
+            closure = local_closure(closure, optimizer, self.model, self.runtime)
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
-        # Lightning's logging cadence: the same step on every rank, so all join the all-gather.
+        self._log_metrics(trainer)
+        if self.runtime.hybrid is not None and trainer is not None and training_stops_here(trainer):
+            # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
+            self.runtime.join()
+            self._log_metrics(trainer)
+        self._in_batch = False
+        return out
+
+    def _log_metrics(self, trainer: Any) -> None:
+        # Lightning's logging cadence, at points every rank reaches alike, so all join the all-gather.
         if (trainer is not None and self.sampler is not None and trainer.logger is not None
-                and self.runtime.metrics_due(trainer.global_step, trainer.log_every_n_steps)):
+                and self.runtime.metrics_point(trainer.global_step, trainer.log_every_n_steps)):
             with self.runtime.phase("metrics"):
                 metrics = self.runtime.metrics()
             self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
-        return out
+
+    @override
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        refuse_synced_log(self.runtime, self._in_batch)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def on_validation_end(self) -> None:
+        super().on_validation_end()
+        trainer = self._trainer()
+        if (self.runtime.hybrid is not None and trainer is not None and not trainer.sanity_checking
+                and trainer.state.fn == TrainerFn.FITTING):
+            self.runtime.evaluated(monitored_value(trainer, self.hybrid_monitor))
 
     @override
     def teardown(self) -> None:
