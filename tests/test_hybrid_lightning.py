@@ -121,9 +121,15 @@ def _slow(rank: int, world: int) -> dict:
     trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, **trainer_kwargs())
     trainer.fit(model, loader(make_data(64), 4), loader(make_data(8, seed=2), 2))
     schedule = strategy.runtime.hybrid.schedule
+    # max_steps inside epoch 1: the run stops mid-epoch, no validation; the join there ends it on one model
+    stop = _Scripted()
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4])
+    capped = L.Trainer(strategy=strategy, max_steps=13, **trainer_kwargs())
+    capped.fit(stop, loader(make_data(64), 4), loader(make_data(8, seed=2), 2))
     return {"weights": [p.detach().clone() for p in model.net.parameters()], "syncs": model.syncs,
             "phases": model.phases, "switches": schedule.switches, "phase": schedule.phase,
-            "global_step": trainer.global_step}
+            "global_step": trainer.global_step, "capped": [p.detach().clone() for p in stop.net.parameters()],
+            "capped_step": capped.global_step, "capped_syncs": stop.syncs}
 
 
 def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_model():
@@ -142,6 +148,10 @@ def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_
     assert sum(s[0] for s in steps) == sum(s[1] for s in steps) == EPOCHS * 8  # every batch in some sync
     for a, b in zip(out[0]["weights"], out[1]["weights"], strict=True):
         assert torch.equal(a, b)  # the final join: one model
+    assert out[0]["capped_step"] == out[1]["capped_step"] == 13
+    assert sum(s[0] for s in out[0]["capped_syncs"]) == sum(s[1] for s in out[0]["capped_syncs"]) == 13
+    for a, b in zip(out[0]["capped"], out[1]["capped"], strict=True):
+        assert torch.equal(a, b)  # the join at max_steps: one model
 
 
 # ---- what local phases cannot do is refused with the field, the value and the fix -------------
