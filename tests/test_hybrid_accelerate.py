@@ -8,6 +8,7 @@ and, with a slow rank 1 and H = 4, for unequal local step counts that still end 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +105,51 @@ def test_evaluated_and_join_need_prepare():
     plugin = HeteroPlugin(mode="hybrid")
     with pytest.raises(RuntimeError, match="HeteroPlugin.join needs prepare"):
         plugin.evaluated(1.0)
+
+
+# ---- checkpoint_dir: saved at synced points, resumed exactly ----------------------------------
+def _ckpt_fit(rank: int, world: int, directory: str, stop_after: int | None) -> dict | None:
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    accelerator = Accelerator(cpu=True)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    plugin = HeteroPlugin(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[3, 5],
+                          checkpoint_dir=directory, checkpoint_every_steps=2, checkpoint_every_s=None)
+    model, opt, loader = plugin.prepare(accelerator, net, opt, DataLoader(make_data(64), batch_size=4))
+    resumed = None if plugin.resumed is None else (plugin.resumed.steps, plugin.resumed.epoch)
+    while plugin.runtime.steps < 16:
+        for x, y in loader:
+            plugin.backward(nn.functional.mse_loss(model(x).squeeze(1), y))
+            opt.step()
+            opt.zero_grad()
+            # NOTE: lockstep, so every run has the same sync points (the store protocol's timing is free)
+            dist.barrier()
+            if plugin.runtime.steps == stop_after:
+                plugin.checkpoints.wait()  # the checkpoint saved at this batch's start is on disk; the job dies
+                return None
+            if plugin.runtime.steps == 16:
+                break
+    plugin.close()
+    return {"weights": [p.detach().clone() for p in net.parameters()], "resumed": resumed,
+            "momentum": [opt.optimizer.state[p]["momentum_buffer"].clone() for p in net.parameters()],
+            "saved": sorted(p.name for p in Path(directory).iterdir())}
+
+
+def test_checkpoint_dir_saves_at_synced_points_and_resumes_exactly(tmp_path):
+    whole = run_distributed(_ckpt_fit, 2, str(tmp_path / "whole"), None, timeout=90)
+    run_distributed(_ckpt_fit, 2, str(tmp_path / "cut"), 13, timeout=90)
+    resumed = run_distributed(_ckpt_fit, 2, str(tmp_path / "cut"), None, timeout=90)
+    # synced points (H = 4, 8 steps an epoch): steps 4, 8, the join, 12, 16; due at every 2nd,
+    # saved when the next batch starts and named by the count then: 3 (after the join), 4
+    assert whole[0]["saved"][:2] == ["step_00000003", "step_00000004"]
+    assert any(not torch.equal(a, b) for a, b in zip(whole[0]["momentum"], whole[1]["momentum"], strict=True))
+    for rank in range(2):
+        assert resumed[rank]["resumed"] == (12, 1)
+        for got, want in zip(resumed[rank]["weights"], whole[rank]["weights"], strict=True):
+            assert torch.equal(got, want), (rank, (got - want).abs().max())
+        for got, want in zip(resumed[rank]["momentum"], whole[rank]["momentum"], strict=True):
+            assert torch.equal(got, want)
