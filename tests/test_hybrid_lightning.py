@@ -180,6 +180,7 @@ def _refusals(rank: int, world: int) -> dict:
         "ckpt_steps": fit(_Scripted(), enable_checkpointing=True, callbacks=[ModelCheckpoint(every_n_train_steps=2)]),
         "monitor": fit(_Scripted(monitor="val_acc")),
         "sync_log": fit(_Scripted(sync_train_log=True)),
+        "timer": fit(_Scripted(), max_time="00:00:01:00"),
     }
 
 
@@ -193,6 +194,7 @@ def test_what_local_phases_cannot_do_is_refused_not_hung():
         assert r["monitor"].startswith("ConfigError: hybrid_monitor='val_loss' is invalid") and "val_acc" in r["monitor"]
         assert r["sync_log"].startswith("ConfigError: self.log(..., sync_dist=True)") and "sync_dist=False" in \
             r["sync_log"]
+        assert r["timer"].startswith("ConfigError: max_time=60 s (Timer(interval='step'))") and "'epoch'" in r["timer"]
 
 
 def test_bad_hybrid_monitor_is_refused_at_construction():

@@ -25,10 +25,47 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lightning.pytorch.trainer.states import TrainerFn
+
 from hetero_strategy.config import ConfigError
 
-__all__ = ["check_hybrid_monitor", "check_hybrid_trainer", "local_closure", "local_sigterm_check", "monitored_value",
-           "refuse_synced_log", "training_stops_here"]
+__all__ = ["HybridLoop", "check_hybrid_monitor", "check_hybrid_trainer", "local_closure", "local_sigterm_check",
+           "monitored_value", "refuse_synced_log", "training_stops_here"]
+
+
+class HybridLoop:
+    """Mixin of HeteroStrategy (before DDPStrategy): the hybrid events from Lightning's hooks.
+    Needs ``runtime``, ``model``, ``hybrid_monitor``, ``_trainer()`` and ``_log_metrics``; all
+    no-ops in mode="sync"."""
+
+    in_batch = False  # inside a training batch: no synced logs there in a local phase
+
+    def setup_hybrid(self, trainer: Any) -> None:
+        if self.runtime.hybrid is not None:
+            check_hybrid_trainer(trainer)
+            local_sigterm_check(trainer, self.runtime)
+
+    def hybrid_closure(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
+        return closure if self.runtime.hybrid is None else local_closure(closure, optimizer, self.model, self.runtime)
+
+    def hybrid_step_end(self, trainer: Any) -> None:
+        """After the optimizer step (and its step_end): the join where this rank's training stops."""
+        if self.runtime.hybrid is not None and trainer is not None and training_stops_here(trainer):
+            # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
+            self.runtime.join()
+            self._log_metrics(trainer)
+        self.in_batch = False
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        refuse_synced_log(self.runtime, self.in_batch)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def on_validation_end(self) -> None:
+        super().on_validation_end()
+        trainer = self._trainer()
+        if (self.runtime.hybrid is not None and trainer is not None and not trainer.sanity_checking
+                and trainer.state.fn == TrainerFn.FITTING):
+            self.runtime.evaluated(monitored_value(trainer, self.hybrid_monitor))
 
 
 def check_hybrid_monitor(value: Any) -> None:
@@ -61,6 +98,13 @@ def check_hybrid_trainer(trainer: Any) -> None:
                                   "ranks' models and step counts differ, so a save would deadlock or mix models; "
                                   "save at epoch or validation ends: ModelCheckpoint(every_n_epochs=1) or "
                                   "ModelCheckpoint(monitor=...)")
+    from lightning.pytorch.callbacks import Timer
+
+    for cb in trainer.callbacks:
+        if isinstance(cb, Timer) and cb._duration is not None and cb._interval == "step":
+            raise ConfigError(f"max_time={cb._duration:g} s (Timer(interval='step')) is invalid with mode='hybrid': it "
+                              "broadcasts rank 0's clock after every batch, which ranks at different steps cannot "
+                              "all reach; use Trainer(callbacks=[Timer(duration=..., interval='epoch')]) instead")
     if not trainer.lightning_module.automatic_optimization:
         raise ConfigError("automatic_optimization=False is invalid with mode='hybrid': HeteroStrategy wraps "
                           "Lightning's closure (forward and backward) to keep local steps off DDP's gradient "

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -45,15 +45,7 @@ from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
-from hetero_strategy.lightning.hybrid import (
-    check_hybrid_monitor,
-    check_hybrid_trainer,
-    local_closure,
-    local_sigterm_check,
-    monitored_value,
-    refuse_synced_log,
-    training_stops_here,
-)
+from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor
 from hetero_strategy.lightning.options import (
     check_checkpoint_dir,
     check_ddp_kwargs,
@@ -66,7 +58,7 @@ from hetero_strategy.runtime import HeteroRuntime, StepTimer
 __all__ = ["HeteroStrategy"]
 
 
-class HeteroStrategy(CheckpointFormats, DDPStrategy):
+class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     """DDP for heterogeneous clusters.
 
     The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
@@ -137,7 +129,6 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         self.state_dict_type = state_dict_type
         check_hybrid_monitor(hybrid_monitor)
         self.hybrid_monitor = hybrid_monitor
-        self._in_batch = False  # inside a training batch (hybrid: no synced logs there)
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -222,9 +213,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
                               "(or drop precision_policy to let Lightning decide)")
         if self.runtime.precision is not None:
             self.runtime.precision.keep_fp32(trainer.lightning_module)
-        if self.runtime.hybrid is not None:
-            check_hybrid_trainer(trainer)
-            local_sigterm_check(trainer, self.runtime)
+        self.setup_hybrid(trainer)
         super().setup(trainer)
 
     @override
@@ -280,7 +269,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
-        self._in_batch = True
+        self.in_batch = True
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     @override
@@ -302,17 +291,11 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
-        if self.runtime.hybrid is not None:
-            closure = local_closure(closure, optimizer, self.model, self.runtime)
-        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        out = super().optimizer_step(optimizer, self.hybrid_closure(closure, optimizer), model, **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
         self._log_metrics(trainer)
-        if self.runtime.hybrid is not None and trainer is not None and training_stops_here(trainer):
-            # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
-            self.runtime.join()
-            self._log_metrics(trainer)
-        self._in_batch = False
+        self.hybrid_step_end(trainer)
         return out
 
     def _log_metrics(self, trainer: Any) -> None:
@@ -322,19 +305,6 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
             with self.runtime.phase("metrics"):
                 metrics = self.runtime.metrics()
             self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
-
-    @override
-    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        refuse_synced_log(self.runtime, self._in_batch)
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
-
-    @override
-    def on_validation_end(self) -> None:
-        super().on_validation_end()
-        trainer = self._trainer()
-        if (self.runtime.hybrid is not None and trainer is not None and not trainer.sanity_checking
-                and trainer.state.fn == TrainerFn.FITTING):
-            self.runtime.evaluated(monitored_value(trainer, self.hybrid_monitor))
 
     @override
     def teardown(self) -> None:
