@@ -44,6 +44,13 @@ class HybridLoop:
         if self.runtime.hybrid is not None:
             check_hybrid_trainer(trainer)
             local_sigterm_check(trainer, self.runtime)
+            from lightning.pytorch.utilities.model_helpers import is_overridden
+
+            if not is_overridden("validation_step", trainer.lightning_module):
+                self.runtime.info_warning(f"hetero: mode='hybrid' without a validation_step: nothing feeds the phase "
+                                          f"schedule, so training stays in phase 0 (sync period "
+                                          f"{self.runtime.hybrid.schedule.period}) to the end; log "
+                                          f"{self.hybrid_monitor!r} in validation_step to move on")
 
     def hybrid_closure(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
         return closure if self.runtime.hybrid is None else local_closure(closure, optimizer, self.model, self.runtime)
