@@ -153,3 +153,33 @@ def test_checkpoint_dir_saves_at_synced_points_and_resumes_exactly(tmp_path):
             assert torch.equal(got, want), (rank, (got - want).abs().max())
         for got, want in zip(resumed[rank]["momentum"], whole[rank]["momentum"], strict=True):
             assert torch.equal(got, want)
+
+
+def _save_mid_period(rank: int, world: int, directory: str) -> str:
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    accelerator = Accelerator(cpu=True)
+    net = make_net()
+    plugin = HeteroPlugin(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4])
+    model, opt, loader = plugin.prepare(accelerator, net, torch.optim.SGD(net.parameters(), lr=LR),
+                                        DataLoader(make_data(64), batch_size=4))
+    x, y = next(iter(loader))
+    plugin.backward(nn.functional.mse_loss(model(x).squeeze(1), y))
+    opt.step()
+    opt.zero_grad()
+    assert not plugin.runtime.synced  # 1 of H = 4 local steps on either rank
+    try:
+        accelerator.save_state(directory)
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def test_save_state_inside_a_period_is_refused_before_anything_is_written(tmp_path):
+    out = run_distributed(_save_mid_period, 2, str(tmp_path / "state"), timeout=60)
+    for message in out:  # every rank refuses alike
+        assert message.startswith("hetero: accelerator.save_state inside a local-SGD period"), message
+        assert "runtime.synced" in message
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())

@@ -131,6 +131,8 @@ class HeteroPlugin:
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
         accelerator.register_for_checkpointing(_Checkpoint(self.runtime, self._optimizers))
+        if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
+            accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
         self._model = model
         if self.config.reliability.checkpoint_dir is not None:
             self._resume(prepared, loader)
@@ -322,7 +324,6 @@ class _Checkpoint:
         self.optimizers = optimizers  # the inner ones: in hybrid mode each rank's own state rides along
 
     def state_dict(self) -> dict[str, Any]:
-        self.runtime.require_synced("accelerator.save_state")
         with self.runtime.phase("checkpoint"):
             return self.runtime.gathered_state_dict([o.state_dict() for o in self.optimizers])
 
