@@ -110,15 +110,18 @@ class _Scripted(Regressor):
         self.log(self.monitor, MEAN[e] + sign * SPREAD[e])
 
 
-def _slow(rank: int, world: int) -> dict:
+def _slow(rank: int, world: int, tmp: str) -> dict:
     import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
 
     from hetero_strategy import HeteroStrategy
 
     strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], plateau_evals=1,
                               max_staleness=3, batch_sizes=[4, 4])
     model = _Scripted()
-    trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, **trainer_kwargs())
+    # metrics every synced point (log_every_n_steps=1): an all-gather that must not meet a period's sync
+    trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, log_every_n_steps=1,
+                        **trainer_kwargs(logger=CSVLogger(tmp, name="hybrid")))
     trainer.fit(model, loader(make_data(64), 4), loader(make_data(8, seed=2), 2))
     schedule = strategy.runtime.hybrid.schedule
     # max_steps inside epoch 1: the run stops mid-epoch, no validation; the join there ends it on one model
@@ -129,11 +132,18 @@ def _slow(rank: int, world: int) -> dict:
     return {"weights": [p.detach().clone() for p in model.net.parameters()], "syncs": model.syncs,
             "phases": model.phases, "switches": schedule.switches, "phase": schedule.phase,
             "global_step": trainer.global_step, "capped": [p.detach().clone() for p in stop.net.parameters()],
-            "capped_step": capped.global_step, "capped_syncs": stop.syncs}
+            "capped_step": capped.global_step, "capped_syncs": stop.syncs, "log_dir": trainer.logger.log_dir}
 
 
-def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_model():
-    out = run_distributed(_slow, 2, timeout=120)
+def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_model(tmp_path):
+    import csv
+    import os
+
+    out = run_distributed(_slow, 2, str(tmp_path), timeout=120)
+    with open(os.path.join(out[0]["log_dir"], "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("hybrid/phase")]
+    assert rows and {"hybrid/steps_r0", "hybrid/steps_r1", "hetero/step_s_r1"} <= rows[0].keys()
+    assert any(r["hybrid/steps_r0"] != r["hybrid/steps_r1"] for r in rows)  # logged at unequal step counts
     for rank in range(2):
         assert out[rank]["global_step"] == EPOCHS * 8  # every rank the same batches per epoch
         assert out[rank]["phases"] == [0, 0, 0] and out[rank]["phase"] == 1
