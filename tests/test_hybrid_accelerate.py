@@ -183,3 +183,37 @@ def test_save_state_inside_a_period_is_refused_before_anything_is_written(tmp_pa
         assert message.startswith("hetero: accelerator.save_state inside a local-SGD period"), message
         assert "runtime.synced" in message
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+def _one_process(rank: int, world: int) -> dict:
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+
+    accelerator = Accelerator(cpu=True)
+    net = make_net()
+    plugin = HeteroPlugin(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], local_clip_norm=None)
+    model, opt, loader = plugin.prepare(accelerator, net, torch.optim.SGD(net.parameters(), lr=LR),
+                                        DataLoader(make_data(64), batch_size=8))
+    for x, y in loader:
+        plugin.backward(nn.functional.mse_loss(model(x).squeeze(1), y))
+        opt.step()
+        opt.zero_grad()
+    plugin.evaluated(1.0)
+    plugin.close()
+    return {"world": accelerator.num_processes, "syncs": plugin.runtime.hybrid.controller.syncs,
+            "weights": [p.detach().clone() for p in net.parameters()]}
+
+
+def test_one_process_runs_hybrid_as_plain_sgd():
+    out = run_distributed(_one_process, 1, timeout=60)[0]
+    assert out["world"] == 1 and out["syncs"] == 4  # H = 2 over 8 steps
+    oracle = make_net()  # averaging over one rank changes nothing: plain SGD
+    opt = torch.optim.SGD(oracle.parameters(), lr=LR)
+    x, y = make_data(64).tensors
+    for s in range(8):
+        opt.zero_grad()
+        nn.functional.mse_loss(oracle(x[8 * s:8 * s + 8]).squeeze(1), y[8 * s:8 * s + 8]).backward()
+        opt.step()
+    for got, want in zip(out["weights"], oracle.parameters(), strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)

@@ -127,6 +127,10 @@ class HeteroPlugin:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
                               "Accelerate builds; pass the nn.Module itself to prepare")
+        elif self.runtime.hybrid is not None and model is not None:
+            # one process (a script tried before launching): local steps on the plain module, no exchange
+            self.runtime.hybrid.attach(model)
+            model.forward = _in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
