@@ -17,7 +17,8 @@ class HeteroDataLoader:
 
     Accelerate's ``DataLoaderShard`` fetches one batch ahead (to flag the epoch's end for
     ``accumulate``), so the batch sampler runs ahead of training; the runtime hands out the plan
-    of the oldest batch nobody has claimed when this loader yields it. Everything else
+    of the oldest batch nobody has claimed when this loader yields it. At the epoch's end it calls
+    ``runtime.join()`` (mode="hybrid": local phases end each epoch on one model). Everything else
     (``len``, ``set_epoch``, ``dataset``, ``batch_sampler`` ...) is the prepared loader's.
     """
 
@@ -32,6 +33,9 @@ class HeteroDataLoader:
                 self.before_batch()
             self.runtime.batch_start()
             yield batch
+        # NOTE: here the user's loop body of the epoch's last batch has run (its optimizer step
+        # too): in mode="hybrid" this rank's data is over, so it joins the others' remaining syncs
+        self.runtime.join()
 
     def __len__(self) -> int:
         return len(self.loader)

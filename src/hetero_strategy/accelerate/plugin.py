@@ -17,6 +17,11 @@ CPU; on GPUs ``accelerate launch --config_file accelerate.yaml train.py``)::
             if accelerator.sync_gradients:        # clip the reduced gradient, not a partial one
                 accelerator.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+With ``mode="hybrid"`` (local-SGD phases, docs/hybrid.md) the same loop needs one more line: the
+validation loss, on every rank, after each epoch's loop (the loader joins the ranks at its end)::
+
+    plugin.evaluated(val_loss)                    # the phase schedule (mean over ranks)
 """
 
 from __future__ import annotations
@@ -116,15 +121,22 @@ class HeteroPlugin:
                 self.runtime.register_hook(ddp, max_steps=max_steps)
             except RuntimeError as e:
                 raise (second_hook_error(e) or e) from e
-            ddp.forward = _in_phase(self.runtime, "forward", ddp.forward)  # its buffer sync is a collective
+            # its buffer sync is a collective; in a local phase the forward runs under no_sync
+            ddp.forward = _in_phase(self.runtime, "forward", ddp.forward, ddp if self.runtime.hybrid else None)
         elif accelerator.num_processes > 1:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
                               "Accelerate builds; pass the nn.Module itself to prepare")
+        elif self.runtime.hybrid is not None and model is not None:
+            # one process (a script tried before launching): local steps on the plain module, no exchange
+            self.runtime.hybrid.attach(model)
+            model.forward = _in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
-        accelerator.register_for_checkpointing(_Checkpoint(self.runtime))
+        accelerator.register_for_checkpointing(_Checkpoint(self.runtime, self._optimizers))
+        if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
+            accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
         self._model = model
         if self.config.reliability.checkpoint_dir is not None:
             self._resume(prepared, loader)
@@ -193,6 +205,9 @@ class HeteroPlugin:
             # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
             # step, after accumulation, and never on a step GradScaler skipped.
             optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
+        if self.runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
+            for inner in self._optimizers:
+                inner.register_step_pre_hook(lambda opt, *_: self.runtime.before_optimizer_step(opt))
         if self._gates():
             for accelerated in optimizers:  # every optimizer skips alike when any rank overflowed
                 self._gate_step(accelerated, counts=accelerated is optimizers[0])
@@ -249,13 +264,30 @@ class HeteroPlugin:
         step = self.runtime.steps - 1
         # log_with is the same on every rank (trackers live on the main process only), so every
         # rank joins the metrics' all-gather at the same steps.
-        if self.accelerator.log_with and self.runtime.metrics_due(step, self.log_every_n_steps):
+        if self.accelerator.log_with and self.runtime.metrics_point(step, self.log_every_n_steps):
             with self.runtime.phase("metrics"):
                 self.last_metrics = self.runtime.metrics()
             self.accelerator.log(self.last_metrics, step=step)
 
+    def join(self) -> None:
+        """mode="hybrid": this rank's data is over (collective: every rank calls it). The training
+        loader calls it at each epoch's end; call it yourself after leaving the loop early (a
+        step budget), before anything collective. Then every rank holds the same model."""
+        if self.runtime is None:
+            raise RuntimeError("HeteroPlugin.join needs prepare() first")
+        self.runtime.join()
+
+    def evaluated(self, val_loss: float) -> bool:
+        """mode="hybrid": the validation loss, on every rank, after an epoch's loop: the ranks join
+        (if the loop ended early) and the phase schedule takes the mean over ranks (collective).
+        True when the phase changed; a no-op in ``mode="sync"``."""
+        self.join()
+        return self.runtime.evaluated(val_loss)
+
     def close(self) -> None:
         """The end of training: stop the stall heartbeat (call before ``accelerator.end_training()``)."""
+        if self.runtime is not None:
+            self.runtime.join()  # mode="hybrid": a loop that stopped mid-epoch ends on one model
         if self.checkpoints is not None:
             self._save_if_due()  # the last step's checkpoint, when one was due
             self.checkpoints.close()
@@ -291,26 +323,40 @@ class _Checkpoint:
     state_dict gathers every rank's part first (save_state runs on every rank), and each rank
     takes its own part back in ``load_state``."""
 
-    def __init__(self, runtime: HeteroRuntime) -> None:
+    def __init__(self, runtime: HeteroRuntime, optimizers: list[Any]) -> None:
         self.runtime = runtime
+        self.optimizers = optimizers  # the inner ones: in hybrid mode each rank's own state rides along
 
     def state_dict(self) -> dict[str, Any]:
         with self.runtime.phase("checkpoint"):
-            return self.runtime.gathered_state_dict()
+            return self.runtime.gathered_state_dict([o.state_dict() for o in self.optimizers])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.runtime.load_gathered_state_dict(state)
+        own = self.runtime.own_optimizer_states(state)
+        # NOTE: load_state restores custom objects after the optimizers: this rank's own replaces rank 0's
+        for opt, saved in zip(self.optimizers, own or [], strict=False):
+            opt.load_state_dict(saved)
 
 
-def _in_phase(runtime: HeteroRuntime, where: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    """The bound ``method`` inside ``runtime.phase(where)``: a collective failing in it raises StallError."""
+def _in_phase(runtime: HeteroRuntime, where: str, method: Callable[..., Any], ddp: Any = None) -> Callable[..., Any]:
+    """The bound ``method`` inside ``runtime.phase(where)``: a collective failing in it raises StallError.
+
+    With ``ddp`` (mode="hybrid") a forward that records gradients is a local step's: under
+    ``runtime.local_step(ddp)``, i.e. ``no_sync`` in a local phase. DDP decides in its forward
+    whether the backward exchanges gradients, so the user's ``backward`` needs no wrapper.
+    """
     # NOTE: weakly: the wrapper lives on the DDP object, and a cycle back to it would keep DDP (and
     # its gloo work) alive until interpreter shutdown, whose release there aborts the process
     ref = weakref.WeakMethod(method)
+    ddp_ref = None if ddp is None else weakref.ref(ddp)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with runtime.phase(where):
-            return ref()(*args, **kwargs)
+            if ddp_ref is None or not torch.is_grad_enabled():  # evaluation is no local step
+                return ref()(*args, **kwargs)
+            with runtime.local_step(ddp_ref()):
+                return ref()(*args, **kwargs)
 
     return run
 

@@ -10,6 +10,10 @@ file (``epoch=0-step=400.ckpt/``), committed by an atomic rename
 (``every_n_train_steps``, ``train_time_interval``) and what to keep (``save_top_k``,
 ``save_last``); an older checkpoint it drops is removed only once the newer one is committed.
 ``Trainer.fit(ckpt_path=...)`` reads either format, whatever ``state_dict_type`` says.
+
+In ``mode="hybrid"`` a save must come where every rank holds the same model (``runtime.synced``:
+epoch and validation ends; step-based ModelCheckpoints are refused at setup), and each rank's own
+optimizer state rides in its hetero state, since local phases keep it per rank.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class CheckpointFormats:
         return self.runtime.state_dict()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        self.runtime.require_synced("a checkpoint save")
         if self.state_dict_type == "sharded":
             if storage_options is not None:
                 raise ConfigError(f"storage_options={storage_options!r} is invalid with state_dict_type='sharded': "
@@ -67,7 +72,7 @@ class CheckpointFormats:
         # NOTE: Lightning writes rank 0's checkpoint only; per-rank state (error-feedback
         # residuals) would be lost, so every rank's state is gathered into it first.
         with self.runtime.phase("checkpoint"):
-            checkpoint[_CKPT_KEY] = self.runtime.gathered_state_dict()
+            checkpoint[_CKPT_KEY] = self.runtime.gathered_state_dict(checkpoint.get(_KEYS["optim_key"]))
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def remove_checkpoint(self, filepath: Any) -> None:
@@ -101,4 +106,7 @@ class CheckpointFormats:
         saved = checkpoint.get(_CKPT_KEY)
         if saved is not None:
             self.runtime.load_gathered_state_dict(saved)
+            own = self.runtime.own_optimizer_states(saved)
+            if own is not None:  # hybrid mode: this rank's own, not rank 0's
+                checkpoint[_KEYS["optim_key"]] = own
         return checkpoint

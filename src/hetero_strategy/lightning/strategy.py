@@ -8,7 +8,9 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
-    optimizer_step        -> the non-finite rule, per-rank timings, metrics
+    optimizer_step        -> the non-finite rule, per-rank timings, metrics; in mode="hybrid" the
+                             local step (no_sync, clipping), the period's sync, join at the epoch's end
+    on_validation_end     -> mode="hybrid": the phase schedule, fed trainer.callback_metrics[hybrid_monitor]
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
@@ -43,6 +45,7 @@ from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
+from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor
 from hetero_strategy.lightning.options import (
     check_checkpoint_dir,
     check_ddp_kwargs,
@@ -55,7 +58,7 @@ from hetero_strategy.runtime import HeteroRuntime, StepTimer
 __all__ = ["HeteroStrategy"]
 
 
-class HeteroStrategy(CheckpointFormats, DDPStrategy):
+class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     """DDP for heterogeneous clusters.
 
     The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
@@ -80,6 +83,8 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
         state_dict_type: "full" (Lightning's single checkpoint file, written by rank 0) or "sharded"
             (a directory: every rank writes its own shard asynchronously; see docs/reliability.md).
+        hybrid_monitor: with ``mode="hybrid"``, the key ``validation_step`` logs whose value (mean
+            over ranks) feeds the phase schedule at every validation end (docs/hybrid.md).
         **kwargs: any other field of :class:`HeteroConfig` (``tiers``, ``pipeline_stages`` ...);
             the remaining keywords go to ``DDPStrategy`` / ``DistributedDataParallel``.
     """
@@ -101,6 +106,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         compression: str | None = None,
         precision_policy: str | list[str] | dict[str, str] | None = None,
         state_dict_type: str = "full",
+        hybrid_monitor: str = "val_loss",
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -121,6 +127,8 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
         check_checkpoint_dir(self.hetero_config)
         check_state_dict_type(state_dict_type)
         self.state_dict_type = state_dict_type
+        check_hybrid_monitor(hybrid_monitor)
+        self.hybrid_monitor = hybrid_monitor
         for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
@@ -205,6 +213,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
                               "(or drop precision_policy to let Lightning decide)")
         if self.runtime.precision is not None:
             self.runtime.precision.keep_fp32(trainer.lightning_module)
+        self.setup_hybrid(trainer)
         super().setup(trainer)
 
     @override
@@ -259,6 +268,7 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        self.in_batch = True
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     @override
@@ -280,16 +290,20 @@ class HeteroStrategy(CheckpointFormats, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
-        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        out = super().optimizer_step(optimizer, self.hybrid_closure(closure, optimizer), model, **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
-        # Lightning's logging cadence: the same step on every rank, so all join the all-gather.
+        self._log_metrics(trainer)
+        self.hybrid_step_end(trainer)
+        return out
+
+    def _log_metrics(self, trainer: Any) -> None:
+        # Lightning's logging cadence, at points every rank reaches alike, so all join the all-gather.
         if (trainer is not None and self.sampler is not None and trainer.logger is not None
-                and self.runtime.metrics_due(trainer.global_step, trainer.log_every_n_steps)):
+                and self.runtime.metrics_point(trainer.global_step, trainer.log_every_n_steps)):
             with self.runtime.phase("metrics"):
                 metrics = self.runtime.metrics()
             self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
-        return out
 
     @override
     def teardown(self) -> None:

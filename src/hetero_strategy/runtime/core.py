@@ -278,7 +278,10 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received"}
         extra = {label: getattr(self.hook_state, attr) for attr, label in names.items()
                  if isinstance(getattr(self.hook_state, attr, None), (int, float))}
-        return self.timer.gather_metrics(self.local_batch, extra)
+        out = self.timer.gather_metrics(self.local_batch, extra)
+        if self.hybrid is not None:  # phase, period, the last sync's steps and weights: no collective
+            out.update(self.hybrid.metrics())
+        return out
 
     def summary(self) -> dict[str, object]:
         """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""

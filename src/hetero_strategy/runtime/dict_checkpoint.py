@@ -33,6 +33,9 @@ def save_dict_checkpoint(writer: ShardedWriter, runtime: Any, checkpoint: dict[s
                          model_key: str, optim_key: str) -> None:
     """Start the asynchronous write of ``checkpoint`` to the directory ``path`` (collective)."""
     state: dict[str, Any] = {"model": checkpoint[model_key], **hetero_snapshot(runtime)}
+    if getattr(runtime, "hybrid", None) is not None and optim_key in checkpoint:
+        # NOTE: local phases keep optimizer state per rank: each rank's own, as Checkpointer does
+        state[f"hetero.optim{runtime.rank}"] = blob(checkpoint[optim_key])
     if runtime.rank == 0:
         state[_REST] = blob({k: v for k, v in checkpoint.items() if k not in (model_key, optim_key)})
         if optim_key in checkpoint:
@@ -53,7 +56,8 @@ def load_dict_checkpoint(writer: ShardedWriter, runtime: Any, path: Path, model_
     writer.load(path, {"model": model_state})
     checkpoint = unblob(small[_REST])
     checkpoint[model_key] = model_state
-    if small.get(_OPTIM) is not None:
-        checkpoint[optim_key] = unblob(small[_OPTIM])
+    own = small.get(f"hetero.optim{runtime.rank}")  # hybrid mode: this rank's own optimizer state
+    if own is not None or small.get(_OPTIM) is not None:
+        checkpoint[optim_key] = unblob(own if own is not None else small[_OPTIM])
     restore_hetero(runtime, path, small)
     return checkpoint

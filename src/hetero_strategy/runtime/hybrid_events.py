@@ -52,6 +52,24 @@ class HybridEvents:
         """Every rank holds the same model now (always, outside local phases): where to evaluate or save."""
         return self.hybrid is None or self.hybrid.synced
 
+    def metrics_point(self, step: int, every: int) -> bool:
+        """Whether every rank gathers :meth:`metrics` (an all-gather) after this optimizer step.
+
+        ``step`` is the framework's step counter. In hybrid mode the ranks' step counts differ in
+        local phases, so a per-step collective would deadlock: the metrics are gathered only at
+        synced points, counted alike on every rank (:meth:`checkpoint_step`), every ``every`` of them.
+        """
+        if self.hybrid is None:
+            return self.metrics_due(step, every)
+        return self.hybrid.synced and self.metrics_due(self.checkpoint_step(), every)
+
+    def require_synced(self, what: str) -> None:
+        """Refuse a collective or a save (``what``) where the ranks' models and step counts differ."""
+        if not self.synced:
+            raise RuntimeError(f"hetero: {what} inside a local-SGD period (mode='hybrid'): the ranks' models and "
+                               "step counts differ here, and a collective would deadlock; do it where runtime.synced "
+                               "is True (after a sync, after join(), at an epoch's end)")
+
     def checkpoint_step(self) -> int:
         """The step a checkpoint is scheduled and named by, the same on every rank: in hybrid mode
         the points where :attr:`synced` was True."""

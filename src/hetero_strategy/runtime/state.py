@@ -29,13 +29,17 @@ class RuntimeState:
         self.steps = int(state.get("steps", self.steps))
         self._restore_pending()
 
-    def gathered_state_dict(self) -> dict[str, Any]:
+    def gathered_state_dict(self, optimizer_states: Any = None) -> dict[str, Any]:
         """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
 
         Other ranks get ``ranks: None`` (their copy is not written); gathering to rank 0 only keeps
-        W copies of every rank's residuals off the other ranks.
+        W copies of every rank's residuals off the other ranks. In hybrid mode ``optimizer_states``
+        (this rank's, as the framework saves them) ride along: local phases keep them per rank,
+        and the framework's file holds rank 0's only (:meth:`own_optimizer_states` reads them back).
         """
         mine = self.state_dict()
+        if getattr(self, "hybrid", None) is not None and optimizer_states is not None:
+            mine = {**mine, "optimizers": optimizer_states}
         gathered: list[Any] | None = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -58,6 +62,14 @@ class RuntimeState:
         self.info_warning(dropped_message(saved["run"]["world_size"], self.world_size,
                                           [residual_size(r.get("hook") or {}) for r in ranks]))
         return False
+
+    def own_optimizer_states(self, saved: dict[str, Any]) -> Any:
+        """This rank's own optimizer states in :meth:`gathered_state_dict` (hybrid mode, same world
+        size), or None: the framework's copy (rank 0's) stands."""
+        ranks = saved.get("ranks")
+        if getattr(self, "hybrid", None) is None or not ranks or len(ranks) != self.world_size:
+            return None
+        return (ranks[self.rank] or {}).get("optimizers")
 
     def check_compatible(self, record: dict[str, Any] | None, source: str) -> None:
         """Refuse state saved under another compression method: its residuals mean something else."""

@@ -1,0 +1,264 @@
+"""mode="hybrid" through HeteroStrategy (Lightning) on 2 gloo ranks, against independent oracles.
+
+* H = 1 through the averaging path, equal speeds, momentum SGD: one-process momentum SGD on the
+  global batch (written out here in plain PyTorch);
+* H = 4 with a slow rank 1 over 3 epochs: unequal local step counts at the syncs, the phase switch
+  at the validation that the hand-scripted losses' mean plateaus at, one model on both ranks;
+* what Lightning cannot do in local phases is refused with a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from dist_utils import run_distributed
+from lit_models import Regressor, loader, make_data, make_net, trainer_kwargs
+from torch import nn
+
+LR, MOMENTUM = 0.05, 0.9
+
+
+class _Momentum(Regressor):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+def _momentum_oracle(n: int, global_batch: int, steps: int) -> nn.Module:
+    """One process, batch G in order, momentum SGD: what the 2 ranks must reproduce."""
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    x, y = make_data(n).tensors
+    for s in range(steps):
+        idx = slice((s * global_batch) % n, (s * global_batch) % n + global_batch)
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x[idx]).squeeze(1), y[idx]).backward()
+        opt.step()
+    return net
+
+
+def _h1(rank: int, world: int) -> dict:
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    strategy = HeteroStrategy(mode="hybrid", periods=[1, 1], plateau_thresholds=[0.5], local_clip_norm=None,
+                              batch_sizes=[3, 5])
+    model = _Momentum()
+    trainer = L.Trainer(strategy=strategy, max_epochs=2, **trainer_kwargs())
+    trainer.fit(model, loader(make_data(64), 4))  # G = 8: 8 steps an epoch
+    hybrid = strategy.runtime.hybrid
+    return {"weights": [p.detach().clone() for p in model.net.parameters()], "seen": model.seen,
+            "phase": hybrid.schedule.phase, "syncs": hybrid.controller.syncs, "weights_r": hybrid.controller.last}
+
+
+def test_h1_through_lightning_equals_one_process_momentum_sgd():
+    out = run_distributed(_h1, 2, timeout=90)
+    assert out[0]["seen"] == [3] * 16 and out[1]["seen"] == [5] * 16
+    assert out[0]["phase"] == 0  # no validation: every step went through the averaging path
+    assert out[0]["syncs"] >= 16  # one per step, plus the epochs' joins
+    oracle = _momentum_oracle(64, 8, 16)
+    for rank in range(2):
+        for got, want in zip(out[rank]["weights"], oracle.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+    for a, b in zip(out[0]["weights"], out[1]["weights"], strict=True):
+        assert torch.equal(a, b)
+
+
+# ---- H = 4, a slow rank, validation feeding the phase schedule ---------------------------------
+# Mean over the ranks (rank 0 gets +SPREAD, rank 1 -SPREAD): evaluation 1 changes 50% (no plateau),
+# evaluation 2 changes 2% < 5% (N = 1): the switch to synchronous DDP comes at epoch 2's validation.
+MEAN, SPREAD = [1.0, 0.5, 0.49], [0.3, 0.2, 0.1]
+EPOCHS = 3
+
+
+class _Scripted(Regressor):
+    """Rank 1 is slow; validation logs a scripted loss; the syncs' step counts are recorded."""
+
+    def __init__(self, monitor: str = "val_loss", sync_train_log: bool = False):
+        super().__init__(lr=0.05)
+        self.monitor, self.sync_train_log = monitor, sync_train_log
+        self.syncs: list[list[int]] = []
+        self.phases: list[int] = []
+
+    def on_train_start(self):
+        controller = self.trainer.strategy.runtime.hybrid.controller
+        original = controller.sync
+
+        def sync(joined: bool = False) -> bool:  # a recording wrapper, no change to the logic
+            done = original(joined)
+            self.syncs.append(list(controller.last["steps"]))
+            return done
+
+        controller.sync = sync
+
+    def on_train_epoch_start(self):
+        self.phases.append(self.trainer.strategy.runtime.hybrid.schedule.phase)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1:
+            time.sleep(0.02)  # the slow device
+        loss = super().training_step(batch, batch_idx)
+        if self.sync_train_log:
+            self.log("synced_loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        sign = 1 if self.global_rank == 0 else -1
+        e = self.current_epoch
+        self.log(self.monitor, MEAN[e] + sign * SPREAD[e])
+
+
+def _slow(rank: int, world: int, tmp: str) -> dict:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hetero_strategy import HeteroStrategy
+
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], plateau_evals=1,
+                              max_staleness=3, batch_sizes=[4, 4])
+    model = _Scripted()
+    # metrics every synced point (log_every_n_steps=1): an all-gather that must not meet a period's sync
+    trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, log_every_n_steps=1,
+                        **trainer_kwargs(logger=CSVLogger(tmp, name="hybrid")))
+    trainer.fit(model, loader(make_data(64), 4), loader(make_data(8, seed=2), 2))
+    schedule = strategy.runtime.hybrid.schedule
+    # max_steps inside epoch 1: the run stops mid-epoch, no validation; the join there ends it on one model
+    stop = _Scripted()
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4])
+    capped = L.Trainer(strategy=strategy, max_steps=13, **trainer_kwargs())
+    capped.fit(stop, loader(make_data(64), 4), loader(make_data(8, seed=2), 2))
+    return {"weights": [p.detach().clone() for p in model.net.parameters()], "syncs": model.syncs,
+            "phases": model.phases, "switches": schedule.switches, "phase": schedule.phase,
+            "global_step": trainer.global_step, "capped": [p.detach().clone() for p in stop.net.parameters()],
+            "capped_step": capped.global_step, "capped_syncs": stop.syncs, "log_dir": trainer.logger.log_dir}
+
+
+def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_model(tmp_path):
+    import csv
+    import os
+
+    out = run_distributed(_slow, 2, str(tmp_path), timeout=120)
+    with open(os.path.join(out[0]["log_dir"], "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("hybrid/phase")]
+    assert rows and {"hybrid/steps_r0", "hybrid/steps_r1", "hetero/step_s_r1"} <= rows[0].keys()
+    assert any(r["hybrid/steps_r0"] != r["hybrid/steps_r1"] for r in rows)  # logged at unequal step counts
+    for rank in range(2):
+        assert out[rank]["global_step"] == EPOCHS * 8  # every rank the same batches per epoch
+        assert out[rank]["phases"] == [0, 0, 0] and out[rank]["phase"] == 1
+        assert [round(s["loss"], 6) for s in out[rank]["switches"]] == [0.49]  # at epoch 2's validation
+    assert out[0]["syncs"] == out[1]["syncs"]  # the all-gathered counts, seen alike
+    steps = out[0]["syncs"]
+    assert any(s[0] != s[1] for s in steps), steps  # the fast rank took more local steps
+    assert all(max(s) <= 4 for s in steps), steps  # H
+    both = [s for s in steps if min(s) > 0]  # not the syncs a joined rank (0 steps) waits through
+    assert both and all(max(s) - min(s) <= 3 for s in both), steps  # the staleness bound
+    assert any(s[0] == 0 and s[1] > 0 for s in steps), steps  # rank 0 ran out first and waited in join
+    assert sum(s[0] for s in steps) == sum(s[1] for s in steps) == EPOCHS * 8  # every batch in some sync
+    for a, b in zip(out[0]["weights"], out[1]["weights"], strict=True):
+        assert torch.equal(a, b)  # the final join: one model
+    assert out[0]["capped_step"] == out[1]["capped_step"] == 13
+    assert sum(s[0] for s in out[0]["capped_syncs"]) == sum(s[1] for s in out[0]["capped_syncs"]) == 13
+    for a, b in zip(out[0]["capped"], out[1]["capped"], strict=True):
+        assert torch.equal(a, b)  # the join at max_steps: one model
+
+
+# ---- what local phases cannot do is refused with the field, the value and the fix -------------
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects the message
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _refusals(rank: int, world: int) -> dict:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hetero_strategy import HeteroStrategy
+
+    def fit(model, strategy_kw=None, **kw) -> str:
+        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4],
+                                  **(strategy_kw or {}))
+        trainer = L.Trainer(strategy=strategy, max_epochs=1, **trainer_kwargs(**kw))
+        return _error(lambda: trainer.fit(model, loader(make_data(32), 4), loader(make_data(8, seed=2), 2)))
+
+    return {
+        "val_interval": fit(_Scripted(), val_check_interval=0.5),
+        "ckpt_steps": fit(_Scripted(), enable_checkpointing=True, callbacks=[ModelCheckpoint(every_n_train_steps=2)]),
+        "monitor": fit(_Scripted(monitor="val_acc")),
+        "sync_log": fit(_Scripted(sync_train_log=True)),
+        "timer": fit(_Scripted(), max_time="00:00:01:00"),
+    }
+
+
+def test_what_local_phases_cannot_do_is_refused_not_hung():
+    out = run_distributed(_refusals, 2, timeout=120)
+    for rank in range(2):  # every rank refuses alike: nobody is left waiting in a collective
+        r = out[rank]
+        assert r["val_interval"].startswith("ConfigError: val_check_interval=0.5") and "1.0" in r["val_interval"]
+        assert r["ckpt_steps"].startswith("ConfigError: ModelCheckpoint(every_n_train_steps=2)")
+        assert "every_n_epochs" in r["ckpt_steps"]
+        assert r["monitor"].startswith("ConfigError: hybrid_monitor='val_loss' is invalid") and "val_acc" in r["monitor"]
+        assert r["sync_log"].startswith("ConfigError: self.log(..., sync_dist=True)") and "sync_dist=False" in \
+            r["sync_log"]
+        assert r["timer"].startswith("ConfigError: max_time=60 s (Timer(interval='step'))") and "'epoch'" in r["timer"]
+
+
+def test_bad_hybrid_monitor_is_refused_at_construction():
+    from hetero_strategy import HeteroStrategy
+    from hetero_strategy.config import ConfigError
+
+    for bad in ("", 3, None):
+        with pytest.raises(ConfigError, match=r"hybrid_monitor=.* is invalid: give the key"):
+            HeteroStrategy(mode="hybrid", hybrid_monitor=bad)
+
+
+# ---- checkpoints at epoch ends resume exactly, each rank with its own optimizer state -----------
+class _Lockstep(_Momentum):
+    """A barrier after every batch: the same sync points in every run (the timing of the store
+    protocol is otherwise free), so a resumed run can be compared bit for bit."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        torch.distributed.barrier()
+
+
+def _ckpt(rank: int, world: int, directory: str, state_dict_type: str) -> dict:
+    import os
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hetero_strategy import HeteroStrategy
+
+    def fit(epochs: int, ckpt_path: str | None = None, save: bool = False) -> tuple:
+        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[3, 5],
+                                  state_dict_type=state_dict_type)
+        callbacks = [ModelCheckpoint(dirpath=directory, every_n_epochs=1, save_top_k=-1)] if save else []
+        model = _Lockstep()
+        trainer = L.Trainer(strategy=strategy, max_epochs=epochs, callbacks=callbacks,
+                            **trainer_kwargs(enable_checkpointing=save))
+        trainer.fit(model, loader(make_data(64), 4), ckpt_path=ckpt_path)
+        momentum = [trainer.optimizers[0].state[p]["momentum_buffer"].clone() for p in model.parameters()]
+        return [p.detach().clone() for p in model.net.parameters()], momentum, strategy.runtime.checkpoint_step()
+
+    full, momentum, points = fit(3, save=True)
+    resumed, resumed_momentum, resumed_points = fit(3, ckpt_path=os.path.join(directory, "epoch=0-step=8.ckpt"))
+    return {"full": full, "resumed": resumed, "momentum": momentum, "resumed_momentum": resumed_momentum,
+            "points": (points, resumed_points)}
+
+
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_epoch_end_checkpoint_resumes_to_the_uninterrupted_run(tmp_path, state_dict_type):
+    out = run_distributed(_ckpt, 2, str(tmp_path), state_dict_type, timeout=120)
+    # local phases keep the momentum per rank: a resume giving rank 1 rank 0's would show here
+    assert any(not torch.equal(a, b) for a, b in zip(out[0]["momentum"], out[1]["momentum"], strict=True))
+    for rank in range(2):
+        r = out[rank]
+        assert r["points"][0] == r["points"][1]  # the sync count carried over
+        for got, want in zip(r["resumed"], r["full"], strict=True):
+            assert torch.equal(got, want), (rank, (got - want).abs().max())
+        for got, want in zip(r["resumed_momentum"], r["momentum"], strict=True):
+            assert torch.equal(got, want)
