@@ -292,3 +292,23 @@ def test_time_based_saves_happen_at_the_same_steps_on_every_rank(tmp_path):
     saved = run_distributed(_time_based, 2, str(tmp_path / "ckpt"), timeout=120)
     assert saved[0] == saved[1] and len(saved[0]) >= 2, saved  # rank 0's clock, agreed two steps ahead
     assert saved[0][0] >= 2 and all(b - a >= 2 for a, b in zip(saved[0], saved[0][1:]))
+
+
+def test_a_time_based_save_announced_for_a_point_every_rank_skips_lands_at_the_next():
+    """Hybrid training never polls the syncs inside join(); a late rank is still an error."""
+    import torch.distributed as dist
+
+    from hetero_strategy.runtime.save_schedule import SaveSchedule
+
+    store = dist.HashStore()
+    rank0, rank1 = SaveSchedule(0, None, 1e-9, False), SaveSchedule(1, None, 1e-9, False)
+    rank0._store = rank1._store = store  # the rendezvous store, by hand
+    assert not rank1.due(5) and not rank0.due(5)  # rank 0 announces step 7
+    assert not rank0.due(6) and not rank1.due(6)
+    assert rank0.due(8) and rank1.due(8)  # both skipped point 7 (a join): both save at 8
+    late = SaveSchedule(1, None, 1e-9, False)
+    late._store, late._timed = store, 1  # rank 1's next save
+    assert not late.due(11)  # asked at 11 before anyone announced it ...
+    assert not rank0.due(9)  # ... rank 0 announces 11 only now
+    with pytest.raises(RuntimeError, match="no longer agree"):
+        late.due(12)

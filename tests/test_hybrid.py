@@ -411,3 +411,62 @@ def test_local_steps_clip_count_to_h_and_report_without_a_collective():
         (100 * net(torch.ones(2, 4))).sum().backward()
     hybrid.before_optimizer_step(opt)  # no local clipping any more
     assert torch.cat([p.grad.reshape(-1) for p in net.parameters()]).norm() > 5.0
+
+
+# ---- 5. a diverged rank, and Adam's state at the switch to synchronous ------------------------
+def _diverged_then_adam(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero_strategy.runtime import HeteroRuntime
+
+    init_gloo(rank, world)
+    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.5], plateau_evals=1,
+                                 local_clip_norm=None)
+    runtime = HeteroRuntime(cfg, rank, world)
+    torch.manual_seed(0)
+    net = nn.Linear(5, 1)
+    ddp = DistributedDataParallel(net)
+    runtime.register_hook(ddp)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    x = torch.randn(4 + 4 * rank, 5, generator=torch.Generator().manual_seed(rank))  # 4 and 8 samples
+    out: dict = {"weights": [], "states": []}
+    for period in range(2):
+        for _ in range(2):
+            with runtime.local_step(ddp):
+                nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
+            runtime.before_optimizer_step(opt)
+            opt.step()
+            opt.zero_grad()
+            if period == 0 and rank == 1 and runtime.hybrid.controller.count == 1:
+                with torch.no_grad():
+                    net.weight.fill_(float("nan"))  # rank 1 diverges inside the first period
+            torch.distributed.barrier()  # lockstep: each rank ends the period after exactly 2 steps
+            runtime.step_end(samples=len(x))
+        out["weights"].append(runtime.hybrid.controller.last["weights"])
+        out.setdefault("after", []).append([p.detach().clone() for p in net.parameters()])
+    out["states"] = [{k: v.clone() for k, v in opt.state[p].items()} for p in net.parameters()]
+    runtime.evaluated(1.0)
+    runtime.evaluated(1.0)  # a flat loss: the synchronous phase; Adam's state is averaged
+    out["switched"] = [{k: v.clone() for k, v in opt.state[p].items()} for p in net.parameters()]
+    return out
+
+
+def test_a_diverged_rank_is_left_out_and_adam_state_is_averaged_by_samples_at_the_switch():
+    out = run_distributed(_diverged_then_adam, 2, timeout=60)
+    assert out[0]["weights"][0] == [1.0, 0.0]  # rank 1's NaN period weighs nothing
+    for rank in range(2):
+        assert all(torch.isfinite(p).all() for p in out[rank]["after"][0])
+        for got, want in zip(out[rank]["after"][0], out[0]["after"][0], strict=True):
+            assert torch.equal(got, want)  # one model, rank 0's: the average of the finite ranks
+    # the second period: both finite, weights by samples 4 : 8
+    assert out[0]["weights"][1] == pytest.approx([1 / 3, 2 / 3])
+    # at the switch: each rank's share of the phase's samples weighs its Adam moments (rank 0: 2
+    # periods of 2 x 4; rank 1: 2 x 8 in the finite period only), not the last sync's 1/3 : 2/3;
+    # the step counters take the max
+    shares = [16 / 32, 16 / 32]
+    for k in range(2):
+        for name in ("exp_avg", "exp_avg_sq"):
+            want = sum(shares[r] * out[r]["states"][k][name].double() for r in range(2))
+            for rank in range(2):
+                torch.testing.assert_close(out[rank]["switched"][k][name].double(), want, rtol=1e-6, atol=1e-9)
+        assert float(out[0]["switched"][k]["step"]) == 4.0 == float(out[1]["switched"][k]["step"])

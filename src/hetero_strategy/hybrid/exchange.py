@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
+from hetero_strategy.hooks.tiers import device_for
 
 __all__ = ["DeltaExchange", "reduce_flat"]
 
@@ -85,10 +86,12 @@ def reduce_flat(tensors: list[torch.Tensor], op: Any, group: Any, scale: float =
     """One collective over many tensors (same order on every rank: the same model and optimizer)."""
     if not tensors:
         return
-    flat = torch.cat([t.detach().double().reshape(-1) for t in tensors]).mul_(scale)  # (total,) fp64
+    # NOTE: on the group's device: NCCL takes CUDA tensors only, and Adam keeps its `step` on the CPU
+    device = device_for(group)
+    flat = torch.cat([t.detach().to(device, torch.float64).reshape(-1) for t in tensors]).mul_(scale)  # (total,)
     dist.all_reduce(flat, op=op, group=group)
     for t, part in zip(tensors, _split(flat, tensors), strict=True):
-        t.copy_(part.view_as(t))
+        t.copy_(part.view_as(t))  # copy_ converts dtype and device back
 
 
 def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> Iterator[torch.Tensor]:

@@ -95,7 +95,7 @@ class LocalSGD:
         self._published = 0
         self.joined: set[int] = set()  # ranks whose data ran out (known since the last sync)
         self.last: dict[str, list] | None = None  # the last sync's steps, samples, weights (logs, tests)
-        self._weights: list[float] | None = None  # the last weights that held any samples
+        self._phase_samples: list[float] | None = None  # every rank's samples in this phase's syncs
         self.exchange = DeltaExchange(config.delta_density, world_size, group)
         self._store = None
         if world_size > 1:
@@ -195,12 +195,20 @@ class LocalSGD:
         """Average the period's deltas with staleness weights (collective); True once every rank
         joined (then the next period starts with every rank active again)."""
         with self._phase("hybrid sync"):
-            steps, samples, flags = self._gather_counts(joined)
-            weights = staleness_weights(steps, samples, self.config.staleness_decay)
-            self._average(weights[self.rank])
+            delta = self._delta()  # (numel,) fp32
+            finite = bool(torch.isfinite(delta).all())  # one host sync a period
+            steps, samples, flags, ok = self._gather_counts(joined, finite)
+            # NOTE: a rank whose model went non-finite (diverged) weighs 0: its NaN must not reach the anchor
+            weights = staleness_weights(steps, [n if f else 0.0 for n, f in zip(samples, ok)],
+                                        self.config.staleness_decay)
+            w = weights[self.rank]
+            self._add_to_anchor(self.exchange.reduce(delta.mul_(w) if w > 0 else delta.zero_()))
+        if not all(ok) and self.rank == 0:
+            log.warning("hetero: hybrid sync %d: the model of rank(s) %s is not finite; their steps of this "
+                        "period are left out of the average", self.syncs, [r for r, f in enumerate(ok) if not f])
         self.last = {"steps": steps, "samples": samples, "weights": weights}
-        if sum(weights) > 0:  # a final join sync without steps says nothing about the ranks' shares
-            self._weights = weights
+        # every rank's samples this phase: the weights of its optimizer state at the switch to synchronous
+        self._phase_samples = [a + b * f for a, b, f in zip(self._phase_samples or [0.0] * len(samples), samples, ok)]
         log.debug("hetero: hybrid sync %d: steps %s, samples %s, weights %s", self.syncs, steps, samples, weights)
         self._clear_keys()
         self.syncs += 1
@@ -211,22 +219,23 @@ class LocalSGD:
         self.joined = set()
         return True
 
-    def _gather_counts(self, joined: bool) -> tuple[list[int], list[float], list[bool]]:
+    def _gather_counts(self, joined: bool, finite: bool) -> tuple[list[int], list[float], list[bool], list[bool]]:
         if self.world_size == 1:
-            return [self.count], [self.samples], [joined]
+            return [self.count], [self.samples], [joined], [finite]
         # NOTE: on the group's device: NCCL takes CUDA tensors only
-        mine = torch.tensor([self.count, self.samples, float(joined)], dtype=torch.float64,
+        mine = torch.tensor([self.count, self.samples, float(joined), float(finite)], dtype=torch.float64,
                             device=device_for(self.group))
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine, group=self.group)
-        return [int(t[0]) for t in every], [float(t[1]) for t in every], [bool(t[2]) for t in every]
+        return ([int(t[0]) for t in every], [float(t[1]) for t in every], [bool(t[2]) for t in every],
+                [bool(t[3]) for t in every])
 
     @torch.no_grad()
-    def _average(self, weight: float) -> None:
-        anchor = self.anchor
-        flat = torch.cat([(t.float() - anchor[n]).reshape(-1) for n, t in self.tensors.items()])  # (numel,) fp32
-        self._add_to_anchor(self.exchange.reduce(flat.mul_(weight)))  # every rank's weighted delta, summed
+    def _delta(self) -> torch.Tensor:
+        """This rank's tensors minus the anchor, flat (numel,) fp32."""
+        return torch.cat([(t.float() - self.anchor[n]).reshape(-1) for n, t in self.tensors.items()])
 
+    @torch.no_grad()
     def _add_to_anchor(self, flat: torch.Tensor) -> None:
         """anchor += flat (numel,) fp32, then every averaged tensor := anchor."""
         anchor = self.anchor
@@ -254,8 +263,9 @@ class LocalSGD:
     def enter_synchronous(self, optimizers: list[Any]) -> None:
         """Entering the synchronous phase: one model and one optimizer state on every rank (collective).
 
-        Compression's residuals are added densely; floating optimizer state is averaged with the
-        last sync's weights; ``step`` counters take the max.
+        Compression's residuals are added densely; floating optimizer state is averaged with each
+        rank's share of the samples of the phase's syncs (the last sync alone may hold only the
+        last rank to finish its data); ``step`` counters take the max.
         """
         if self.exchange.sparse():  # the same answer on every rank
             self.begin_step()  # an anchor even if no local step ran
@@ -263,7 +273,8 @@ class LocalSGD:
             flat = self.exchange.flush(sum(t.numel() for t in self.tensors.values()), first.device)
             with self._phase("hybrid phase change"):
                 self._add_to_anchor(self.exchange.reduce(flat, dense=True))
-        weight = 1.0 / self.world_size if self._weights is None else self._weights[self.rank]
+        shares = self._phase_samples
+        weight = 1.0 / self.world_size if not shares or sum(shares) == 0 else shares[self.rank] / sum(shares)
         states = [s for opt in optimizers for s in opt.state.values()]
         means = [v for s in states for k, v in s.items() if torch.is_tensor(v) and v.is_floating_point() and k != "step"]
         steps = [v for s in states for k, v in s.items() if torch.is_tensor(v) and k == "step"]
@@ -278,7 +289,7 @@ class LocalSGD:
         """Counts, and mid-period the anchor and this rank's own tensors (a sync boundary needs
         neither: every rank's model is the anchor)."""
         state: dict[str, Any] = {"syncs": self.syncs, "count": self.count, "samples": self.samples,
-                                 "last": self.last, "weights": self._weights, "exchange": self.exchange.state_dict()}
+                                 "last": self.last, "phase_samples": self._phase_samples, "exchange": self.exchange.state_dict()}
         if self.count > 0 or self._restored is not None:
             state["anchor"] = {n: a.clone() for n, a in self.anchor.items()}
             local = self._restored or {n: t.detach().clone() for n, t in self.tensors.items()}
@@ -290,7 +301,7 @@ class LocalSGD:
         whatever the framework loads into it, e.g. the anchor a checkpoint's model holds)."""
         self.syncs, self.count, self.samples = int(state["syncs"]), int(state["count"]), float(state["samples"])
         self.last = state.get("last")
-        self._weights = state.get("weights")
+        self._phase_samples = state.get("phase_samples")
         self.exchange.load_state_dict(state.get("exchange") or {})
         self._published = 0  # a new store prefix (restart) or a new controller: nothing published yet
         self.anchor = {n: a.clone() for n, a in state["anchor"].items()} if "anchor" in state else None

@@ -29,6 +29,7 @@ class SaveSchedule:
                                            f"{next(_INSTANCES)}/", dist.distributed_c10d._get_default_store())
         self._last = time.monotonic()
         self._announced: int | None = None
+        self._polled = -1  # the last step this rank was asked about (time-based saves)
         self._timed = 0
 
     def saved(self) -> None:
@@ -50,10 +51,14 @@ class SaveSchedule:
             self._store.set(key, str(self._announced))
         if self._announced is None and self._store.check([key]):
             self._announced = int(self._store.get(key))
-        if self._announced is not None and steps > self._announced:
+        # NOTE: a step past the announced one is a disagreement only if this rank was asked at the
+        # announced one and did not know yet; hybrid training skips points alike on every rank
+        # (the syncs inside join() are never polled), and then saves at the next one it is asked at
+        if self._announced is not None and steps > self._announced and self._polled >= self._announced:
             raise RuntimeError(f"hetero: rank {self.rank} learned of the checkpoint at step {self._announced} "
                                f"only after step {steps}: the ranks no longer agree on when to save")
-        if self._announced != steps:
+        self._polled = steps
+        if self._announced is None or steps < self._announced:
             return False
         self._announced = None
         self._timed += 1
