@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import ConfigError
@@ -43,7 +44,9 @@ class RuntimeState:
         gathered: list[Any] | None = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-            dist.gather_object(mine, gathered, dst=0)
+            # NOTE: on the CPU: rank 0 would unpickle rank r's CUDA tensors onto cuda:r, which on
+            # another node may not exist (residuals and hybrid optimizer states are on the device)
+            dist.gather_object(_on_cpu(mine), gathered, dst=0)
         return {"ranks": gathered, "config": self.config.to_record(), "run": run_record(self, mine)}
 
     def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
@@ -91,3 +94,13 @@ class RuntimeState:
             self._pending["hook"] = {"step": int(run["hook_step"])}
         self._restore_pending()
 
+
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in nested dicts, lists and tuples moved to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
