@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
+from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase
 from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.precision.scaler import CoordinatedScaler
@@ -122,7 +122,7 @@ class HeteroPlugin:
             except RuntimeError as e:
                 raise (second_hook_error(e) or e) from e
             # its buffer sync is a collective; in a local phase the forward runs under no_sync
-            ddp.forward = _in_phase(self.runtime, "forward", ddp.forward, ddp if self.runtime.hybrid else None)
+            ddp.forward = in_phase(self.runtime, "forward", ddp.forward, ddp if self.runtime.hybrid else None)
         elif accelerator.num_processes > 1:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
@@ -130,11 +130,11 @@ class HeteroPlugin:
         elif self.runtime.hybrid is not None and model is not None:
             # one process (a script tried before launching): local steps on the plain module, no exchange
             self.runtime.hybrid.attach(model)
-            model.forward = _in_phase(self.runtime, "forward", model.forward, model)
+            model.forward = in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._wire_steps(prepared)
-        accelerator.register_for_checkpointing(_Checkpoint(self.runtime, self._optimizers))
+        accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
         self._model = model
@@ -316,49 +316,6 @@ class HeteroPlugin:
         """The split in force (the latest scheduled one under calibration)."""
         sampler = None if self.runtime is None else self.runtime.sampler
         return None if sampler is None else sampler.batch_sizes
-
-
-class _Checkpoint:
-    """``accelerator.save_state`` writes custom state from the main process only; this object's
-    state_dict gathers every rank's part first (save_state runs on every rank), and each rank
-    takes its own part back in ``load_state``."""
-
-    def __init__(self, runtime: HeteroRuntime, optimizers: list[Any]) -> None:
-        self.runtime = runtime
-        self.optimizers = optimizers  # the inner ones: in hybrid mode each rank's own state rides along
-
-    def state_dict(self) -> dict[str, Any]:
-        with self.runtime.phase("checkpoint"):
-            return self.runtime.gathered_state_dict([o.state_dict() for o in self.optimizers])
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.runtime.load_gathered_state_dict(state)
-        own = self.runtime.own_optimizer_states(state)
-        # NOTE: load_state restores custom objects after the optimizers: this rank's own replaces rank 0's
-        for opt, saved in zip(self.optimizers, own or [], strict=False):
-            opt.load_state_dict(saved)
-
-
-def _in_phase(runtime: HeteroRuntime, where: str, method: Callable[..., Any], ddp: Any = None) -> Callable[..., Any]:
-    """The bound ``method`` inside ``runtime.phase(where)``: a collective failing in it raises StallError.
-
-    With ``ddp`` (mode="hybrid") a forward that records gradients is a local step's: under
-    ``runtime.local_step(ddp)``, i.e. ``no_sync`` in a local phase. DDP decides in its forward
-    whether the backward exchanges gradients, so the user's ``backward`` needs no wrapper.
-    """
-    # NOTE: weakly: the wrapper lives on the DDP object, and a cycle back to it would keep DDP (and
-    # its gloo work) alive until interpreter shutdown, whose release there aborts the process
-    ref = weakref.WeakMethod(method)
-    ddp_ref = None if ddp is None else weakref.ref(ddp)
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with runtime.phase(where):
-            if ddp_ref is None or not torch.is_grad_enabled():  # evaluation is no local step
-                return ref()(*args, **kwargs)
-            with runtime.local_step(ddp_ref()):
-                return ref()(*args, **kwargs)
-
-    return run
 
 
 def _as_list(out: Any) -> list[Any]:
