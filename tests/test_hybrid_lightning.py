@@ -76,9 +76,9 @@ EPOCHS = 3
 class _Scripted(Regressor):
     """Rank 1 is slow; validation logs a scripted loss; the syncs' step counts are recorded."""
 
-    def __init__(self, monitor: str = "val_loss", sync_train_log: bool = False):
+    def __init__(self, monitor: str = "val_loss", sync_train_log: bool = False, sync_batch_end_log: bool = False):
         super().__init__(lr=0.05)
-        self.monitor, self.sync_train_log = monitor, sync_train_log
+        self.monitor, self.sync_train_log, self.sync_batch_end_log = monitor, sync_train_log, sync_batch_end_log
         self.syncs: list[list[int]] = []
         self.phases: list[int] = []
 
@@ -103,6 +103,10 @@ class _Scripted(Regressor):
         if self.sync_train_log:
             self.log("synced_loss", loss, sync_dist=True)
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.sync_batch_end_log:  # after the strategy's optimizer_step: still inside the batch
+            self.log("synced_end", outputs["loss"], sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         sign = 1 if self.global_rank == 0 else -1
@@ -175,7 +179,11 @@ def _error(fn) -> str:
 
 def _refusals(rank: int, world: int) -> dict:
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+    class SyncedAtBatchStart(Callback):  # Lightning runs it before the strategy's on_train_batch_start
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            pl_module.log("synced_start", float(batch_idx), sync_dist=True)
 
     from hetero_strategy import HeteroStrategy
 
@@ -190,6 +198,8 @@ def _refusals(rank: int, world: int) -> dict:
         "ckpt_steps": fit(_Scripted(), enable_checkpointing=True, callbacks=[ModelCheckpoint(every_n_train_steps=2)]),
         "monitor": fit(_Scripted(monitor="val_acc")),
         "sync_log": fit(_Scripted(sync_train_log=True)),
+        "sync_log_end": fit(_Scripted(sync_batch_end_log=True)),
+        "sync_log_start": fit(_Scripted(), callbacks=[SyncedAtBatchStart()]),
         "timer": fit(_Scripted(), max_time="00:00:01:00"),
     }
 
@@ -202,9 +212,50 @@ def test_what_local_phases_cannot_do_is_refused_not_hung():
         assert r["ckpt_steps"].startswith("ConfigError: ModelCheckpoint(every_n_train_steps=2)")
         assert "every_n_epochs" in r["ckpt_steps"]
         assert r["monitor"].startswith("ConfigError: hybrid_monitor='val_loss' is invalid") and "val_acc" in r["monitor"]
-        assert r["sync_log"].startswith("ConfigError: self.log(..., sync_dist=True)") and "sync_dist=False" in \
-            r["sync_log"]
+        for key in ("sync_log", "sync_log_end", "sync_log_start"):  # training_step, on_train_batch_end/start
+            assert r[key].startswith("ConfigError: self.log(..., sync_dist=True) inside a training batch"), r[key]
+            assert "sync_dist=False" in r[key]
         assert r["timer"].startswith("ConfigError: max_time=60 s (Timer(interval='step'))") and "'epoch'" in r["timer"]
+
+
+# ---- fp16 mixed precision: the local clipping sees unscaled gradients ---------------------------
+CLIP = 0.01
+
+
+class _GradNorms(Regressor):
+    def __init__(self):
+        super().__init__(lr=0.01)
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, optimizer):  # after hetero's local clipping, before the step
+        norms = torch.stack([p.grad.norm() for p in self.parameters() if p.grad is not None])
+        self.norms.append(float(norms.norm()))
+
+
+def _fp16(rank: int, world: int) -> dict:
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from hetero_strategy import HeteroStrategy
+
+    # NOTE: Trainer(precision="16-mixed") becomes bf16-mixed on CPU; Lightning's fp16 plugin itself runs
+    # there (fp16 autocast, a CPU GradScaler), so it is handed in directly
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], local_clip_norm=CLIP,
+                              batch_sizes=[4, 4],
+                              precision_plugin=MixedPrecision("16-mixed", "cpu", scaler))
+    model = _GradNorms()
+    L.Trainer(strategy=strategy, max_epochs=1, **trainer_kwargs()).fit(model, loader(make_data(32), 4))
+    return {"norms": model.norms, "scale": scaler.get_scale()}
+
+
+def test_fp16_local_clipping_acts_on_unscaled_gradients():
+    out = run_distributed(_fp16, 2, timeout=60)
+    for r in out:
+        assert r["scale"] == 2.0**10  # no step skipped for overflow: every norm is a real step's
+        assert len(r["norms"]) == 4
+        # clip_grad_norm_: a larger gradient ends at max_norm (clipped while scaled, it would end at CLIP / 1024)
+        assert r["norms"] == pytest.approx([CLIP] * 4, rel=1e-3)
 
 
 def test_bad_hybrid_monitor_is_refused_at_construction():
