@@ -267,13 +267,28 @@ def test_bad_hybrid_monitor_is_refused_at_construction():
             HeteroStrategy(mode="hybrid", hybrid_monitor=bad)
 
 
-# ---- checkpoints at epoch ends resume exactly, each rank with its own optimizer state -----------
+# ---- checkpoints at epoch and validation ends resume exactly, each rank with its own optimizer state --
+VAL_LOSS = [1.0, 0.99, 0.98]  # the same on both ranks: a 1% change at epoch 1's validation, below 5%: the switch
+
+
 class _Lockstep(_Momentum):
     """A barrier after every batch: the same sync points in every run (the timing of the store
-    protocol is otherwise free), so a resumed run can be compared bit for bit."""
+    protocol is otherwise free), so a resumed run can be compared bit for bit. Validation logs
+    VAL_LOSS, so the phase switches (and the momenta are averaged) at epoch 1's validation end."""
+
+    def __init__(self):
+        super().__init__()
+        self.momentum_r: list[torch.Tensor] = []
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         torch.distributed.barrier()
+
+    def on_train_epoch_end(self):
+        state = self.trainer.optimizers[0].state
+        self.momentum_r.append(torch.cat([state[p]["momentum_buffer"].flatten() for p in self.parameters()]))
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", VAL_LOSS[self.current_epoch])
 
 
 def _ckpt(rank: int, world: int, directory: str, state_dict_type: str) -> dict:
@@ -285,31 +300,42 @@ def _ckpt(rank: int, world: int, directory: str, state_dict_type: str) -> dict:
     from hetero_strategy import HeteroStrategy
 
     def fit(epochs: int, ckpt_path: str | None = None, save: bool = False) -> tuple:
-        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[3, 5],
-                                  state_dict_type=state_dict_type)
-        callbacks = [ModelCheckpoint(dirpath=directory, every_n_epochs=1, save_top_k=-1)] if save else []
+        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], plateau_evals=1,
+                                  batch_sizes=[3, 5], state_dict_type=state_dict_type)
+        # NOTE: saved in on_validation_end (as with check_val_every_n_epoch > 1 or a validation-driven
+        # save), where the phase switches: the checkpoint must already hold that evaluation
+        callbacks = [ModelCheckpoint(dirpath=directory, every_n_epochs=1, save_top_k=-1,
+                                     save_on_train_epoch_end=False)] if save else []
         model = _Lockstep()
         trainer = L.Trainer(strategy=strategy, max_epochs=epochs, callbacks=callbacks,
                             **trainer_kwargs(enable_checkpointing=save))
-        trainer.fit(model, loader(make_data(64), 4), ckpt_path=ckpt_path)
+        trainer.fit(model, loader(make_data(64), 4), loader(make_data(8, seed=2), 4), ckpt_path=ckpt_path)
         momentum = [trainer.optimizers[0].state[p]["momentum_buffer"].clone() for p in model.parameters()]
-        return [p.detach().clone() for p in model.net.parameters()], momentum, strategy.runtime.checkpoint_step()
+        hybrid = strategy.runtime.hybrid
+        return {"weights": [p.detach().clone() for p in model.net.parameters()], "momentum": momentum,
+                "points": strategy.runtime.checkpoint_step(), "phase": hybrid.schedule.phase,
+                "switches": hybrid.schedule.switches, "momentum_r": model.momentum_r}
 
-    full, momentum, points = fit(3, save=True)
-    resumed, resumed_momentum, resumed_points = fit(3, ckpt_path=os.path.join(directory, "epoch=0-step=8.ckpt"))
-    return {"full": full, "resumed": resumed, "momentum": momentum, "resumed_momentum": resumed_momentum,
-            "points": (points, resumed_points)}
+    full = fit(3, save=True)
+    resumed = {epoch: fit(3, ckpt_path=os.path.join(directory, name))  # a local phase, the switch
+               for epoch, name in ((0, "epoch=0-step=8.ckpt"), (1, "epoch=1-step=16.ckpt"))}
+    return {"full": full, "resumed": resumed}
 
 
 @pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
-def test_epoch_end_checkpoint_resumes_to_the_uninterrupted_run(tmp_path, state_dict_type):
+def test_checkpoints_resume_to_the_uninterrupted_run_in_a_local_phase_and_at_the_switch(tmp_path, state_dict_type):
     out = run_distributed(_ckpt, 2, str(tmp_path), state_dict_type, timeout=120)
-    # local phases keep the momentum per rank: a resume giving rank 1 rank 0's would show here
-    assert any(not torch.equal(a, b) for a, b in zip(out[0]["momentum"], out[1]["momentum"], strict=True))
+    # local phases keep the momentum per rank (a resume giving rank 1 rank 0's would show below);
+    # the switch at epoch 1's validation averages it
+    full = [out[rank]["full"] for rank in range(2)]
+    assert not torch.equal(full[0]["momentum_r"][0], full[1]["momentum_r"][0])
+    assert torch.equal(full[0]["momentum_r"][2], full[1]["momentum_r"][2])
+    assert full[0]["phase"] == 1 and [round(s["loss"], 6) for s in full[0]["switches"]] == [0.99]
     for rank in range(2):
-        r = out[rank]
-        assert r["points"][0] == r["points"][1]  # the sync count carried over
-        for got, want in zip(r["resumed"], r["full"], strict=True):
-            assert torch.equal(got, want), (rank, (got - want).abs().max())
-        for got, want in zip(r["resumed_momentum"], r["momentum"], strict=True):
-            assert torch.equal(got, want)
+        want = out[rank]["full"]
+        for epoch, got in out[rank]["resumed"].items():
+            assert got["points"] == want["points"] and got["phase"] == want["phase"], epoch  # carried over
+            for a, b in zip(got["weights"], want["weights"], strict=True):
+                assert torch.equal(a, b), (rank, epoch, (a - b).abs().max())
+            for a, b in zip(got["momentum"], want["momentum"], strict=True):
+                assert torch.equal(a, b), (rank, epoch)
