@@ -339,3 +339,77 @@ def test_checkpoints_resume_to_the_uninterrupted_run_in_a_local_phase_and_at_the
                 assert torch.equal(a, b), (rank, epoch, (a - b).abs().max())
             for a, b in zip(got["momentum"], want["momentum"], strict=True):
                 assert torch.equal(a, b), (rank, epoch)
+
+
+# ---- Lightning's SIGTERM broadcasts and private attributes ----------------------------------------
+class _FakeTrainer:
+    """What the SIGTERM wiring reads of a Trainer, with Lightning's own _SignalConnector."""
+
+    def __init__(self, local: bool):
+        from types import SimpleNamespace
+
+        from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+        self.local_rank, self.world_size = 0, 2
+        hybrid = SimpleNamespace(local=local)
+        self.strategy = SimpleNamespace(launcher=None, root_device=torch.device("cpu"),
+                                        runtime=SimpleNamespace(hybrid=hybrid))
+        self._signal_connector = _SignalConnector(self)
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(_broadcast_sigterm_tensor=self._broadcast))
+        self.broadcasts = 0
+
+    def _broadcast(self):
+        self.broadcasts += 1
+
+    @property
+    def received_sigterm(self) -> bool:
+        return self._signal_connector.received_sigterm
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_sigterm_in_a_local_phase_broadcasts_nothing(monkeypatch, local):
+    import signal
+
+    import torch.distributed as dist
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from hetero_strategy.lightning.internals import local_sigterm
+
+    sent = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # as in a job: Lightning's handler broadcasts
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src: sent.append(int(tensor)))
+    trainer = _FakeTrainer(local)
+    local_sigterm(trainer)
+    # what Lightning registers as the SIGTERM handler (register_signal_handlers reads the attribute)
+    trainer._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)
+    assert trainer.received_sigterm
+    assert sent == ([] if local else [1])  # the synchronous phase keeps Lightning's broadcast
+    check = trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor
+    if local:
+        with pytest.raises(SIGTERMException):  # this rank stops at its own next batch
+            check()
+        assert trainer.broadcasts == 0
+    else:
+        check()
+        assert trainer.broadcasts == 1
+
+
+def test_missing_private_lightning_attributes_fail_loudly_at_setup():
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hetero_strategy.lightning.internals import require_lightning_internals
+
+    def trainer(**kw):
+        return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, **kw)
+
+    require_lightning_internals(trainer(callbacks=[ModelCheckpoint()]))  # Lightning 2.6 has them all
+    renamed = trainer()
+    del renamed._val_check_time_interval
+    with pytest.raises(RuntimeError, match=r"Trainer\._val_check_time_interval is missing in Lightning .*2\.6"):
+        require_lightning_internals(renamed)
+    renamed = trainer(callbacks=[ModelCheckpoint(every_n_train_steps=2)])
+    del renamed.checkpoint_callback._every_n_train_steps  # after Trainer read its state_key
+    with pytest.raises(RuntimeError, match=r"ModelCheckpoint\._every_n_train_steps is missing"):
+        require_lightning_internals(renamed)
