@@ -9,7 +9,7 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
     optimizer_step        -> the non-finite rule, per-rank timings, metrics; in mode="hybrid" the
-                             local step (no_sync, clipping), the period's sync, join at the epoch's end
+                             local step (no_sync), the period's sync, join at the epoch's end
     setup (mode="hybrid") -> HybridCallback first in trainer.callbacks: local clipping after fp16 unscaling,
                              the phase schedule at validation end (before ModelCheckpoint saves)
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
