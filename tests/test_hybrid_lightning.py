@@ -76,9 +76,9 @@ EPOCHS = 3
 class _Scripted(Regressor):
     """Rank 1 is slow; validation logs a scripted loss; the syncs' step counts are recorded."""
 
-    def __init__(self, monitor: str = "val_loss", sync_train_log: bool = False):
+    def __init__(self, monitor: str = "val_loss", sync_train_log: bool = False, sync_batch_end_log: bool = False):
         super().__init__(lr=0.05)
-        self.monitor, self.sync_train_log = monitor, sync_train_log
+        self.monitor, self.sync_train_log, self.sync_batch_end_log = monitor, sync_train_log, sync_batch_end_log
         self.syncs: list[list[int]] = []
         self.phases: list[int] = []
 
@@ -103,6 +103,10 @@ class _Scripted(Regressor):
         if self.sync_train_log:
             self.log("synced_loss", loss, sync_dist=True)
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.sync_batch_end_log:  # after the strategy's optimizer_step: still inside the batch
+            self.log("synced_end", outputs["loss"], sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         sign = 1 if self.global_rank == 0 else -1
@@ -175,7 +179,11 @@ def _error(fn) -> str:
 
 def _refusals(rank: int, world: int) -> dict:
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+    class SyncedAtBatchStart(Callback):  # Lightning runs it before the strategy's on_train_batch_start
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            pl_module.log("synced_start", float(batch_idx), sync_dist=True)
 
     from hetero_strategy import HeteroStrategy
 
@@ -190,6 +198,8 @@ def _refusals(rank: int, world: int) -> dict:
         "ckpt_steps": fit(_Scripted(), enable_checkpointing=True, callbacks=[ModelCheckpoint(every_n_train_steps=2)]),
         "monitor": fit(_Scripted(monitor="val_acc")),
         "sync_log": fit(_Scripted(sync_train_log=True)),
+        "sync_log_end": fit(_Scripted(sync_batch_end_log=True)),
+        "sync_log_start": fit(_Scripted(), callbacks=[SyncedAtBatchStart()]),
         "timer": fit(_Scripted(), max_time="00:00:01:00"),
     }
 
@@ -202,9 +212,50 @@ def test_what_local_phases_cannot_do_is_refused_not_hung():
         assert r["ckpt_steps"].startswith("ConfigError: ModelCheckpoint(every_n_train_steps=2)")
         assert "every_n_epochs" in r["ckpt_steps"]
         assert r["monitor"].startswith("ConfigError: hybrid_monitor='val_loss' is invalid") and "val_acc" in r["monitor"]
-        assert r["sync_log"].startswith("ConfigError: self.log(..., sync_dist=True)") and "sync_dist=False" in \
-            r["sync_log"]
+        for key in ("sync_log", "sync_log_end", "sync_log_start"):  # training_step, on_train_batch_end/start
+            assert r[key].startswith("ConfigError: self.log(..., sync_dist=True) inside a training batch"), r[key]
+            assert "sync_dist=False" in r[key]
         assert r["timer"].startswith("ConfigError: max_time=60 s (Timer(interval='step'))") and "'epoch'" in r["timer"]
+
+
+# ---- fp16 mixed precision: the local clipping sees unscaled gradients ---------------------------
+CLIP = 0.01
+
+
+class _GradNorms(Regressor):
+    def __init__(self):
+        super().__init__(lr=0.01)
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, optimizer):  # after hetero's local clipping, before the step
+        norms = torch.stack([p.grad.norm() for p in self.parameters() if p.grad is not None])
+        self.norms.append(float(norms.norm()))
+
+
+def _fp16(rank: int, world: int) -> dict:
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from hetero_strategy import HeteroStrategy
+
+    # NOTE: Trainer(precision="16-mixed") becomes bf16-mixed on CPU; Lightning's fp16 plugin itself runs
+    # there (fp16 autocast, a CPU GradScaler), so it is handed in directly
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], local_clip_norm=CLIP,
+                              batch_sizes=[4, 4],
+                              precision_plugin=MixedPrecision("16-mixed", "cpu", scaler))
+    model = _GradNorms()
+    L.Trainer(strategy=strategy, max_epochs=1, **trainer_kwargs()).fit(model, loader(make_data(32), 4))
+    return {"norms": model.norms, "scale": scaler.get_scale()}
+
+
+def test_fp16_local_clipping_acts_on_unscaled_gradients():
+    out = run_distributed(_fp16, 2, timeout=60)
+    for r in out:
+        assert r["scale"] == 2.0**10  # no step skipped for overflow: every norm is a real step's
+        assert len(r["norms"]) == 4
+        # clip_grad_norm_: a larger gradient ends at max_norm (clipped while scaled, it would end at CLIP / 1024)
+        assert r["norms"] == pytest.approx([CLIP] * 4, rel=1e-3)
 
 
 def test_bad_hybrid_monitor_is_refused_at_construction():
@@ -216,13 +267,28 @@ def test_bad_hybrid_monitor_is_refused_at_construction():
             HeteroStrategy(mode="hybrid", hybrid_monitor=bad)
 
 
-# ---- checkpoints at epoch ends resume exactly, each rank with its own optimizer state -----------
+# ---- checkpoints at epoch and validation ends resume exactly, each rank with its own optimizer state --
+VAL_LOSS = [1.0, 0.99, 0.98]  # the same on both ranks: a 1% change at epoch 1's validation, below 5%: the switch
+
+
 class _Lockstep(_Momentum):
     """A barrier after every batch: the same sync points in every run (the timing of the store
-    protocol is otherwise free), so a resumed run can be compared bit for bit."""
+    protocol is otherwise free), so a resumed run can be compared bit for bit. Validation logs
+    VAL_LOSS, so the phase switches (and the momenta are averaged) at epoch 1's validation end."""
+
+    def __init__(self):
+        super().__init__()
+        self.momentum_r: list[torch.Tensor] = []
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         torch.distributed.barrier()
+
+    def on_train_epoch_end(self):
+        state = self.trainer.optimizers[0].state
+        self.momentum_r.append(torch.cat([state[p]["momentum_buffer"].flatten() for p in self.parameters()]))
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", VAL_LOSS[self.current_epoch])
 
 
 def _ckpt(rank: int, world: int, directory: str, state_dict_type: str) -> dict:
@@ -234,31 +300,116 @@ def _ckpt(rank: int, world: int, directory: str, state_dict_type: str) -> dict:
     from hetero_strategy import HeteroStrategy
 
     def fit(epochs: int, ckpt_path: str | None = None, save: bool = False) -> tuple:
-        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[3, 5],
-                                  state_dict_type=state_dict_type)
-        callbacks = [ModelCheckpoint(dirpath=directory, every_n_epochs=1, save_top_k=-1)] if save else []
+        strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], plateau_evals=1,
+                                  batch_sizes=[3, 5], state_dict_type=state_dict_type)
+        # NOTE: saved in on_validation_end (as with check_val_every_n_epoch > 1 or a validation-driven
+        # save), where the phase switches: the checkpoint must already hold that evaluation
+        callbacks = [ModelCheckpoint(dirpath=directory, every_n_epochs=1, save_top_k=-1,
+                                     save_on_train_epoch_end=False)] if save else []
         model = _Lockstep()
         trainer = L.Trainer(strategy=strategy, max_epochs=epochs, callbacks=callbacks,
                             **trainer_kwargs(enable_checkpointing=save))
-        trainer.fit(model, loader(make_data(64), 4), ckpt_path=ckpt_path)
+        trainer.fit(model, loader(make_data(64), 4), loader(make_data(8, seed=2), 4), ckpt_path=ckpt_path)
         momentum = [trainer.optimizers[0].state[p]["momentum_buffer"].clone() for p in model.parameters()]
-        return [p.detach().clone() for p in model.net.parameters()], momentum, strategy.runtime.checkpoint_step()
+        hybrid = strategy.runtime.hybrid
+        return {"weights": [p.detach().clone() for p in model.net.parameters()], "momentum": momentum,
+                "points": strategy.runtime.checkpoint_step(), "phase": hybrid.schedule.phase,
+                "switches": hybrid.schedule.switches, "momentum_r": model.momentum_r}
 
-    full, momentum, points = fit(3, save=True)
-    resumed, resumed_momentum, resumed_points = fit(3, ckpt_path=os.path.join(directory, "epoch=0-step=8.ckpt"))
-    return {"full": full, "resumed": resumed, "momentum": momentum, "resumed_momentum": resumed_momentum,
-            "points": (points, resumed_points)}
+    full = fit(3, save=True)
+    resumed = {epoch: fit(3, ckpt_path=os.path.join(directory, name))  # a local phase, the switch
+               for epoch, name in ((0, "epoch=0-step=8.ckpt"), (1, "epoch=1-step=16.ckpt"))}
+    return {"full": full, "resumed": resumed}
 
 
 @pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
-def test_epoch_end_checkpoint_resumes_to_the_uninterrupted_run(tmp_path, state_dict_type):
+def test_checkpoints_resume_to_the_uninterrupted_run_in_a_local_phase_and_at_the_switch(tmp_path, state_dict_type):
     out = run_distributed(_ckpt, 2, str(tmp_path), state_dict_type, timeout=120)
-    # local phases keep the momentum per rank: a resume giving rank 1 rank 0's would show here
-    assert any(not torch.equal(a, b) for a, b in zip(out[0]["momentum"], out[1]["momentum"], strict=True))
+    # local phases keep the momentum per rank (a resume giving rank 1 rank 0's would show below);
+    # the switch at epoch 1's validation averages it
+    full = [out[rank]["full"] for rank in range(2)]
+    assert not torch.equal(full[0]["momentum_r"][0], full[1]["momentum_r"][0])
+    assert torch.equal(full[0]["momentum_r"][2], full[1]["momentum_r"][2])
+    assert full[0]["phase"] == 1 and [round(s["loss"], 6) for s in full[0]["switches"]] == [0.99]
     for rank in range(2):
-        r = out[rank]
-        assert r["points"][0] == r["points"][1]  # the sync count carried over
-        for got, want in zip(r["resumed"], r["full"], strict=True):
-            assert torch.equal(got, want), (rank, (got - want).abs().max())
-        for got, want in zip(r["resumed_momentum"], r["momentum"], strict=True):
-            assert torch.equal(got, want)
+        want = out[rank]["full"]
+        for epoch, got in out[rank]["resumed"].items():
+            assert got["points"] == want["points"] and got["phase"] == want["phase"], epoch  # carried over
+            for a, b in zip(got["weights"], want["weights"], strict=True):
+                assert torch.equal(a, b), (rank, epoch, (a - b).abs().max())
+            for a, b in zip(got["momentum"], want["momentum"], strict=True):
+                assert torch.equal(a, b), (rank, epoch)
+
+
+# ---- Lightning's SIGTERM broadcasts and private attributes ----------------------------------------
+class _FakeTrainer:
+    """What the SIGTERM wiring reads of a Trainer, with Lightning's own _SignalConnector."""
+
+    def __init__(self, local: bool):
+        from types import SimpleNamespace
+
+        from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+        self.local_rank, self.world_size = 0, 2
+        hybrid = SimpleNamespace(local=local)
+        self.strategy = SimpleNamespace(launcher=None, root_device=torch.device("cpu"),
+                                        runtime=SimpleNamespace(hybrid=hybrid))
+        self._signal_connector = _SignalConnector(self)
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(_broadcast_sigterm_tensor=self._broadcast))
+        self.broadcasts = 0
+
+    def _broadcast(self):
+        self.broadcasts += 1
+
+    @property
+    def received_sigterm(self) -> bool:
+        return self._signal_connector.received_sigterm
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_sigterm_in_a_local_phase_broadcasts_nothing(monkeypatch, local):
+    import signal
+
+    import torch.distributed as dist
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from hetero_strategy.lightning.internals import local_sigterm
+
+    sent = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # as in a job: Lightning's handler broadcasts
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src: sent.append(int(tensor)))
+    trainer = _FakeTrainer(local)
+    local_sigterm(trainer)
+    # what Lightning registers as the SIGTERM handler (register_signal_handlers reads the attribute)
+    trainer._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)
+    assert trainer.received_sigterm
+    assert sent == ([] if local else [1])  # the synchronous phase keeps Lightning's broadcast
+    check = trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor
+    if local:
+        with pytest.raises(SIGTERMException):  # this rank stops at its own next batch
+            check()
+        assert trainer.broadcasts == 0
+    else:
+        check()
+        assert trainer.broadcasts == 1
+
+
+def test_missing_private_lightning_attributes_fail_loudly_at_setup():
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hetero_strategy.lightning.internals import require_lightning_internals
+
+    def trainer(**kw):
+        return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, **kw)
+
+    require_lightning_internals(trainer(callbacks=[ModelCheckpoint()]))  # Lightning 2.6 has them all
+    renamed = trainer()
+    del renamed._val_check_time_interval
+    with pytest.raises(RuntimeError, match=r"Trainer\._val_check_time_interval is missing in Lightning .*2\.6"):
+        require_lightning_internals(renamed)
+    renamed = trainer(callbacks=[ModelCheckpoint(every_n_train_steps=2)])
+    del renamed.checkpoint_callback._every_n_train_steps  # after Trainer read its state_key
+    with pytest.raises(RuntimeError, match=r"ModelCheckpoint\._every_n_train_steps is missing"):
+        require_lightning_internals(renamed)

@@ -8,11 +8,17 @@ Everything here reads Lightning objects and forwards to the runtime's hybrid eve
 runtime event              Lightning point
 =========================  ============================================================
 ``local_step(ddp)``        around Lightning's closure (training_step's forward + backward)
-``before_optimizer_step``  at the end of the closure, before ``optimizer.step`` updates
+``before_optimizer_step``  on_before_optimizer_step (HybridCallback): after the precision
+                           plugin unscaled fp16 gradients, before ``gradient_clip_val``
 ``step_end``               after the optimizer step (HeteroStrategy.optimizer_step)
 ``join``                   after the step of the epoch's last batch, or of ``max_steps``
-``evaluated(value)``       at validation end: ``trainer.callback_metrics[hybrid_monitor]``
+``evaluated(value)``       on_validation_end (HybridCallback), before the other callbacks'
+                           (ModelCheckpoint saves there): ``callback_metrics[hybrid_monitor]``
 =========================  ============================================================
+
+HybridCallback is first in ``trainer.callbacks``: Lightning runs callbacks' hooks before the
+module's and the strategy's, and a checkpoint written at a validation end must already hold that
+evaluation's phase (and, at a switch, the averaged optimizer state).
 
 Every rank runs the same number of batches per epoch (the hetero sampler), so ``global_step``
 agrees at each epoch's end; within an epoch a fast rank runs ahead, which is why whatever
@@ -25,12 +31,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from hetero_strategy.config import ConfigError
+from hetero_strategy.lightning.internals import local_sigterm, require_lightning_internals
 
-__all__ = ["HybridLoop", "check_hybrid_monitor", "check_hybrid_trainer", "local_closure", "local_sigterm_check",
-           "monitored_value", "refuse_synced_log", "training_stops_here"]
+__all__ = ["HybridCallback", "HybridLoop", "check_hybrid_monitor", "check_hybrid_trainer", "in_training_batch",
+           "local_closure", "monitored_value", "refuse_synced_log", "training_stops_here"]
+
+
+class HybridCallback(Callback):
+    """The runtime's hybrid events that Lightning offers as callback hooks (HeteroStrategy puts it
+    first in ``trainer.callbacks``).
+
+    Args:
+        strategy: the HeteroStrategy (its ``runtime`` and ``hybrid_monitor``).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # NOTE: after the closure and after MixedPrecision unscaled the gradients (plugins/precision/amp.py):
+        # clipping at the closure's end would act on fp16-scaled gradients
+        self.strategy.runtime.before_optimizer_step(optimizer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self.strategy.runtime.evaluated(monitored_value(trainer, self.strategy.hybrid_monitor))
 
 
 class HybridLoop:
@@ -38,12 +67,13 @@ class HybridLoop:
     Needs ``runtime``, ``model``, ``hybrid_monitor``, ``_trainer()`` and ``_log_metrics``; all
     no-ops in mode="sync"."""
 
-    in_batch = False  # inside a training batch: no synced logs there in a local phase
-
     def setup_hybrid(self, trainer: Any) -> None:
         if self.runtime.hybrid is not None:
+            require_lightning_internals(trainer)
             check_hybrid_trainer(trainer)
-            local_sigterm_check(trainer, self.runtime)
+            local_sigterm(trainer)
+            trainer.callbacks[:] = [HybridCallback(self)] + [
+                cb for cb in trainer.callbacks if not isinstance(cb, HybridCallback)]
             from lightning.pytorch.utilities.model_helpers import is_overridden
 
             if not is_overridden("validation_step", trainer.lightning_module):
@@ -52,8 +82,8 @@ class HybridLoop:
                                           f"{self.runtime.hybrid.schedule.period}) to the end; log "
                                           f"{self.hybrid_monitor!r} in validation_step to move on")
 
-    def hybrid_closure(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
-        return closure if self.runtime.hybrid is None else local_closure(closure, optimizer, self.model, self.runtime)
+    def hybrid_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        return closure if self.runtime.hybrid is None else local_closure(closure, self.model, self.runtime)
 
     def hybrid_step_end(self, trainer: Any) -> None:
         """After the optimizer step (and its step_end): the join where this rank's training stops."""
@@ -61,18 +91,10 @@ class HybridLoop:
             # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
             self.runtime.join()
             self._log_metrics(trainer)
-        self.in_batch = False
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        refuse_synced_log(self.runtime, self.in_batch)
+        refuse_synced_log(self.runtime, in_training_batch(self._trainer()))
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
-
-    def on_validation_end(self) -> None:
-        super().on_validation_end()
-        trainer = self._trainer()
-        if (self.runtime.hybrid is not None and trainer is not None and not trainer.sanity_checking
-                and trainer.state.fn == TrainerFn.FITTING):
-            self.runtime.evaluated(monitored_value(trainer, self.hybrid_monitor))
 
 
 def check_hybrid_monitor(value: Any) -> None:
@@ -87,7 +109,7 @@ def check_hybrid_trainer(trainer: Any) -> None:
     interval = trainer.val_check_interval
     # NOTE: a float is a fraction of the epoch, an int a number of batches, a duration a wall time
     at_epoch_end = isinstance(interval, float) and interval == 1.0
-    if trainer.check_val_every_n_epoch is None or getattr(trainer, "_val_check_time_interval", None) is not None \
+    if trainer.check_val_every_n_epoch is None or trainer._val_check_time_interval is not None \
             or not at_epoch_end:
         raise ConfigError(f"val_check_interval={interval!r} (check_val_every_n_epoch="
                           f"{trainer.check_val_every_n_epoch!r}) is invalid with mode='hybrid': in local-SGD phases "
@@ -99,7 +121,7 @@ def check_hybrid_trainer(trainer: Any) -> None:
         if not isinstance(cb, ModelCheckpoint):
             continue
         for name in ("every_n_train_steps", "train_time_interval"):
-            value = getattr(cb, f"_{name}", None)
+            value = getattr(cb, f"_{name}")  # present: require_lightning_internals
             if value:  # 0 / None: off
                 raise ConfigError(f"ModelCheckpoint({name}={value!r}) is invalid with mode='hybrid': mid-epoch the "
                                   "ranks' models and step counts differ, so a save would deadlock or mix models; "
@@ -118,42 +140,13 @@ def check_hybrid_trainer(trainer: Any) -> None:
                           "exchange; use automatic optimization, or mode='sync'")
 
 
-def local_sigterm_check(trainer: Any, runtime: Any) -> None:
-    """Keep Lightning's per-batch SIGTERM broadcast out of local phases.
-
-    NOTE: Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before every training batch
-    (``_TrainingEpochLoop._broadcast_sigterm_tensor``): a per-step collective that would hold a
-    fast rank to the slow one's pace and interleave with the period's sync collectives. In a local
-    phase each rank checks its own flag instead (a SIGTERM reaches every rank of a job); in the
-    synchronous phase Lightning's broadcast stays.
-    """
-    loop = trainer.fit_loop.epoch_loop
-    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
-    if broadcast is None or getattr(broadcast, "_hetero", False):
-        return
-
-    def check() -> None:
-        if runtime.hybrid is None or not runtime.hybrid.local:
-            return broadcast()
-        if getattr(trainer, "received_sigterm", False):
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-            raise SIGTERMException()
-        return None
-
-    check._hetero = True
-    loop._broadcast_sigterm_tensor = check
-
-
-def local_closure(closure: Callable[[], Any], optimizer: Any, ddp_model: Any, runtime: Any) -> Callable[[], Any]:
+def local_closure(closure: Callable[[], Any], ddp_model: Any, runtime: Any) -> Callable[[], Any]:
     """Lightning's closure (training_step, backward) as one local step: without DDP's gradient
-    exchange in a local phase, then the local clipping before the optimizer updates."""
+    exchange in a local phase (the clipping follows in HybridCallback.on_before_optimizer_step)."""
 
     def run() -> Any:
         with runtime.local_step(ddp_model):
-            out = closure()
-        runtime.before_optimizer_step(optimizer)
-        return out
+            return closure()
 
     return run
 
@@ -164,6 +157,15 @@ def training_stops_here(trainer: Any) -> bool:
     # NOTE: global_step counts completed steps; the current one completes after optimizer_step
     max_steps = trainer.max_steps
     return loop._num_ready_batches_reached() or (max_steps is not None and 0 <= max_steps <= trainer.global_step + 1)
+
+
+def in_training_batch(trainer: Any) -> bool:
+    """From a training batch's arrival (before any on_train_batch_start) to the end of its
+    on_train_batch_end hooks: the span where a rank of a local phase is at its own step."""
+    if trainer is None or not trainer.training:  # NOTE: False in a validation run inside fit
+        return False
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return current.ready > current.completed
 
 
 def monitored_value(trainer: Any, key: str) -> float:
@@ -183,7 +185,8 @@ def refuse_synced_log(runtime: Any, in_batch: bool) -> None:
     refuses alike, at its first such log."""
     hybrid = runtime.hybrid
     if hybrid is not None and hybrid.local and in_batch:
-        raise ConfigError("self.log(..., sync_dist=True) in training_step is invalid with mode='hybrid': in "
-                          "local-SGD phases the ranks take unequal numbers of steps, so a per-step all-reduce "
+        raise ConfigError("self.log(..., sync_dist=True) inside a training batch (training_step, on_train_batch_start/"
+                          "end, on_before/after_backward ...) is invalid with mode='hybrid': in local-SGD phases "
+                          "the ranks take unequal numbers of steps, so a per-batch all-reduce "
                           "deadlocks; log with sync_dist=False (or on_step=False, on_epoch=True: reduced at the "
                           "epoch's end, where the ranks meet)")

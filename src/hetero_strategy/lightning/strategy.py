@@ -9,8 +9,9 @@ Lifecycle (each step is a small override of ``DDPStrategy``)::
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
     optimizer_step        -> the non-finite rule, per-rank timings, metrics; in mode="hybrid" the
-                             local step (no_sync, clipping), the period's sync, join at the epoch's end
-    on_validation_end     -> mode="hybrid": the phase schedule, fed trainer.callback_metrics[hybrid_monitor]
+                             local step (no_sync), the period's sync, join at the epoch's end
+    setup (mode="hybrid") -> HybridCallback first in trainer.callbacks: local clipping after fp16 unscaling,
+                             the phase schedule at validation end (before ModelCheckpoint saves)
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
@@ -268,7 +269,6 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
-        self.in_batch = True
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     @override
@@ -290,7 +290,7 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
-        out = super().optimizer_step(optimizer, self.hybrid_closure(closure, optimizer), model, **kwargs)
+        out = super().optimizer_step(optimizer, self.hybrid_closure(closure), model, **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
         self._log_metrics(trainer)
