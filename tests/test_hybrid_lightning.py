@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import pytest
@@ -201,7 +202,29 @@ def _refusals(rank: int, world: int) -> dict:
         "sync_log_end": fit(_Scripted(sync_batch_end_log=True)),
         "sync_log_start": fit(_Scripted(), callbacks=[SyncedAtBatchStart()]),
         "timer": fit(_Scripted(), max_time="00:00:01:00"),
+        # NOTE: a zero interval is on too: Lightning then broadcasts rank 0's clock after every batch
+        "ckpt_zero_time": fit(_Scripted(), enable_checkpointing=True,
+                              callbacks=[ModelCheckpoint(train_time_interval=datetime.timedelta(0))]),
+        "stopped": _stopped_mid_epoch(),
     }
+
+
+class _StopsEarly(_Scripted):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if batch_idx == 2:  # every rank, inside a period: Lightning validates, then ends the run
+            self.trainer.should_stop = True
+
+
+def _stopped_mid_epoch() -> list:
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    model = _StopsEarly()
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4])
+    trainer = L.Trainer(strategy=strategy, max_epochs=2, **trainer_kwargs())
+    trainer.fit(model, loader(make_data(32), 4), loader(make_data(8, seed=2), 2))
+    return [p.detach().clone() for p in model.net.parameters()]
 
 
 def test_what_local_phases_cannot_do_is_refused_not_hung():
@@ -216,6 +239,26 @@ def test_what_local_phases_cannot_do_is_refused_not_hung():
             assert r[key].startswith("ConfigError: self.log(..., sync_dist=True) inside a training batch"), r[key]
             assert "sync_dist=False" in r[key]
         assert r["timer"].startswith("ConfigError: max_time=60 s (Timer(interval='step'))") and "'epoch'" in r["timer"]
+        assert r["ckpt_zero_time"].startswith("ConfigError: ModelCheckpoint(train_time_interval="), r["ckpt_zero_time"]
+    for a, b in zip(out[0]["stopped"], out[1]["stopped"], strict=True):
+        assert torch.equal(a, b)  # a run stopped mid-period joins before validating: one model, no hang
+
+
+def test_slurm_auto_requeue_is_refused_in_hybrid_mode():
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from hetero_strategy.config import ConfigError
+    from hetero_strategy.lightning.hybrid import check_hybrid_trainer
+
+    trainer = SimpleNamespace(val_check_interval=1.0, check_val_every_n_epoch=1, _val_check_time_interval=None,
+                              callbacks=[], strategy=SimpleNamespace(cluster_environment=SLURMEnvironment()),
+                              lightning_module=SimpleNamespace(automatic_optimization=True))
+    with pytest.raises(ConfigError, match=r"SLURMEnvironment\(auto_requeue=True\) is invalid with mode='hybrid'"):
+        check_hybrid_trainer(trainer)
+    trainer.strategy.cluster_environment = SLURMEnvironment(auto_requeue=False)
+    check_hybrid_trainer(trainer)  # the fix the message names
 
 
 # ---- fp16 mixed precision: the local clipping sees unscaled gradients ---------------------------

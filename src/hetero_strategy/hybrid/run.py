@@ -43,6 +43,7 @@ class HybridTraining:
         # NOTE: a list in call order, not a WeakSet: its order must be the same on every rank
         self._optimizers: list[weakref.ref] = []
         self._pending: dict[str, Any] | None = None
+        self._joined = False  # joined with no local step since: a join now adds nothing
         self.synced = True  # every rank holds the same model and waits for no one: evaluate or save here
         # NOTE: synced points counted alike on every rank (not the syncs inside a join, which only the
         # active ranks see): what checkpoints are scheduled and named by
@@ -84,6 +85,7 @@ class HybridTraining:
     def step_end(self, samples: float) -> bool:
         """The optimizer step ended; True when it ended at a sync point (collective then)."""
         self._require_controller()
+        self._joined = False
         if self.local:
             if not self._optimizers:  # NOTE: without them the phase change could not align the replicas
                 raise RuntimeError("hetero: mode='hybrid' needs runtime.before_optimizer_step(optimizer) before "
@@ -98,12 +100,15 @@ class HybridTraining:
 
     def join(self) -> None:
         """This rank's data ran out (epoch end): take part in the remaining syncs until every rank
-        joined (collective); then every rank holds the same model. Nothing in the synchronous phase."""
-        if self.local:
+        joined (collective); then every rank holds the same model. Nothing in the synchronous phase,
+        nor right after a join with no local step since (every rank then stands at the same model,
+        so an adapter may join wherever ranks meet: the epoch's end, before validation, at close)."""
+        if self.local and not self._joined:
             self._require_controller()
             self.controller.join()
             self.synced = True
             self.points += 1
+            self._joined = True
 
     def evaluated(self, val_loss: float) -> bool:
         """One evaluation, on every rank at a sync point (collective in local phases); True on a switch."""
@@ -139,17 +144,18 @@ class HybridTraining:
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         local = self.controller.state_dict() if self.controller is not None else self._pending
-        return {"schedule": self.schedule.state_dict(), "local": local, "points": self.points}
+        return {"schedule": self.schedule.state_dict(), "local": local, "points": self.points, "joined": self._joined}
 
     def shared_state_dict(self) -> dict[str, Any]:
         """What any world size can resume from: the phase, its history and the sync count (the
         model is the anchor; the ranks' steps since the last sync are per rank and lost)."""
-        return {"schedule": self.schedule.state_dict(), "points": self.points,
+        return {"schedule": self.schedule.state_dict(), "points": self.points, "joined": self._joined,
                 "local": {"syncs": self.points, "count": 0, "samples": 0.0}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])
         self.points = int(state.get("points", 0))
+        self._joined = bool(state.get("joined", False))  # a save right after a join: the same join is not redone
         if state.get("local") is None:
             return
         if self.controller is None:

@@ -57,6 +57,25 @@ class HybridCallback(Callback):
         # clipping at the closure's end would act on fp16-scaled gradients
         self.strategy.runtime.before_optimizer_step(optimizer)
 
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        # NOTE: Lightning raises SIGTERMException right after this batch on a rank that got the
+        # signal; joining first keeps a peer that already entered the period's sync from waiting
+        # for a rank that is gone (every signalled rank meets in the join)
+        if trainer.received_sigterm:
+            self._join_if_apart()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._join_if_apart()  # an epoch cut short (should_stop, on_train_batch_start returning -1)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._join_if_apart()
+
+    def _join_if_apart(self) -> None:
+        # NOTE: not "if not synced": a rank that just ended a period is synced while its peer is not;
+        # join() itself does nothing where every rank already joined with no local step since
+        self.strategy.runtime.join()
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
             self.strategy.runtime.evaluated(monitored_value(trainer, self.strategy.hybrid_monitor))
@@ -122,7 +141,9 @@ def check_hybrid_trainer(trainer: Any) -> None:
             continue
         for name in ("every_n_train_steps", "train_time_interval"):
             value = getattr(cb, f"_{name}")  # present: require_lightning_internals
-            if value:  # 0 / None: off
+            # NOTE: every_n_train_steps=0 is off, but any train_time_interval, timedelta(0) too, is
+            # on: Lightning then broadcasts rank 0's clock after every batch (model_checkpoint.py)
+            if (value is not None) if name == "train_time_interval" else bool(value):
                 raise ConfigError(f"ModelCheckpoint({name}={value!r}) is invalid with mode='hybrid': mid-epoch the "
                                   "ranks' models and step counts differ, so a save would deadlock or mix models; "
                                   "save at epoch or validation ends: ModelCheckpoint(every_n_epochs=1) or "
@@ -134,6 +155,14 @@ def check_hybrid_trainer(trainer: Any) -> None:
             raise ConfigError(f"max_time={cb._duration:g} s (Timer(interval='step')) is invalid with mode='hybrid': it "
                               "broadcasts rank 0's clock after every batch, which ranks at different steps cannot "
                               "all reach; use Trainer(callbacks=[Timer(duration=..., interval='epoch')]) instead")
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+        raise ConfigError("SLURMEnvironment(auto_requeue=True) is invalid with mode='hybrid': its signal handler "
+                          "saves a checkpoint wherever each rank happens to be, and mid-period the ranks' models "
+                          "differ; pass plugins=[SLURMEnvironment(auto_requeue=False)] and save at epoch ends "
+                          "(ModelCheckpoint(every_n_epochs=1))")
     if not trainer.lightning_module.automatic_optimization:
         raise ConfigError("automatic_optimization=False is invalid with mode='hybrid': HeteroStrategy wraps "
                           "Lightning's closure (forward and backward) to keep local steps off DDP's gradient "
