@@ -8,7 +8,7 @@ from oracle import make_data, make_net, one_process_sgd
 from torch import nn
 from torch.utils.data import DataLoader
 
-__all__ = ["Regressor", "loader", "make_data", "make_net", "one_process_sgd", "trainer_kwargs"]
+__all__ = ["Regressor", "error_of", "loader", "make_data", "make_net", "one_process_sgd", "trainer_kwargs"]
 
 
 class Regressor(L.LightningModule):
@@ -40,3 +40,12 @@ def trainer_kwargs(**extra):
 
 def loader(data, batch_size: int, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+
+
+def error_of(fn) -> str:
+    """``"Type: message"`` of what ``fn()`` raises, or "" (the tests inspect the message)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects the message
+        return f"{type(e).__name__}: {e}"
+    return ""

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from dist_utils import init_gloo, run_distributed
+from hybrid_steps import regression_step
 from oracle import make_data, make_net
 from torch import nn
 
@@ -157,11 +158,7 @@ def _stale(rank: int, world: int) -> dict:
     syncs = [{"after": tensors()}]  # the first anchor
     while runtime.checkpoint_step() < SYNCS:
         x = torch.randn(BATCH[rank], 5, generator=g)
-        with runtime.local_step(ddp):
-            nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
-        runtime.before_optimizer_step(opt)
-        opt.step()
-        opt.zero_grad()
+        regression_step(runtime, ddp, opt, x)
         if rank == 1:
             time.sleep(SLEEP_S)  # the slow device
         before = tensors()
@@ -320,11 +317,7 @@ def _epochs(rank: int, world: int, directory: str) -> dict:
     for _epoch in range(2):
         for _ in range(EPOCH_BATCHES):  # the same number of batches per rank, rank 1 slower
             x = torch.randn(BATCH[rank], 5, generator=g)
-            with runtime.local_step(ddp):
-                nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
-            runtime.before_optimizer_step(opt)
-            opt.step()
-            opt.zero_grad()
+            regression_step(runtime, ddp, opt, x)
             if rank == 1:
                 time.sleep(0.02)
             runtime.step_end(samples=BATCH[rank])
@@ -432,11 +425,7 @@ def _diverged_then_adam(rank: int, world: int) -> dict:
     out: dict = {"weights": [], "states": []}
     for period in range(2):
         for _ in range(2):
-            with runtime.local_step(ddp):
-                nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
-            runtime.before_optimizer_step(opt)
-            opt.step()
-            opt.zero_grad()
+            regression_step(runtime, ddp, opt, x)
             if period == 0 and rank == 1 and runtime.hybrid.controller.count == 1:
                 with torch.no_grad():
                     net.weight.fill_(float("nan"))  # rank 1 diverges inside the first period

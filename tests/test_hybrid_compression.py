@@ -7,6 +7,7 @@ import math
 
 import torch
 from dist_utils import init_gloo, run_distributed
+from hybrid_steps import regression_step
 from oracle import make_net
 from torch import nn
 
@@ -37,11 +38,7 @@ def _sparse(rank: int, world: int) -> dict:
     syncs = [{"after": _flat(net)}]
     while runtime.checkpoint_step() < SYNCS:
         x = torch.randn(BATCH[rank], 5, generator=g)
-        with runtime.local_step(ddp):
-            nn.functional.mse_loss(ddp(x).squeeze(1), x.sum(1)).backward()
-        runtime.before_optimizer_step(opt)
-        opt.step()
-        opt.zero_grad()
+        regression_step(runtime, ddp, opt, x)
         before = _flat(net)
         runtime.step_end(samples=len(x))
         if runtime.synced:

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 from dist_utils import run_distributed
-from lit_models import Regressor, loader, make_data, make_net, trainer_kwargs
+from lit_models import Regressor, error_of, loader, make_data, make_net, trainer_kwargs
 from torch import nn
 
 LR, MOMENTUM = 0.05, 0.9
@@ -170,12 +170,6 @@ def test_slow_rank_local_phase_switches_at_the_scripted_plateau_and_ends_on_one_
 
 
 # ---- what local phases cannot do is refused with the field, the value and the fix -------------
-def _error(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test inspects the message
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def _refusals(rank: int, world: int) -> dict:
@@ -192,7 +186,7 @@ def _refusals(rank: int, world: int) -> dict:
         strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], batch_sizes=[4, 4],
                                   **(strategy_kw or {}))
         trainer = L.Trainer(strategy=strategy, max_epochs=1, **trainer_kwargs(**kw))
-        return _error(lambda: trainer.fit(model, loader(make_data(32), 4), loader(make_data(8, seed=2), 2)))
+        return error_of(lambda: trainer.fit(model, loader(make_data(32), 4), loader(make_data(8, seed=2), 2)))
 
     return {
         "val_interval": fit(_Scripted(), val_check_interval=0.5),

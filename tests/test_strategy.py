@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from dist_utils import run_distributed
-from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
+from lit_models import Regressor, error_of, loader, make_data, one_process_sgd, trainer_kwargs
 
 
 class _Stream(torch.utils.data.IterableDataset):
@@ -36,12 +36,6 @@ class _SlowRank1(Regressor):
         return super().training_step(batch, batch_idx)
 
 
-def _error(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test inspects the message
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
@@ -54,11 +48,11 @@ def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     out: dict = {}
     data = make_data(80)
     # Wrong number of batch sizes: refused before any collective runs.
-    out["wrong_len"] = _error(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13, 4]), max_steps=1,
+    out["wrong_len"] = error_of(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13, 4]), max_steps=1,
                                                 **trainer_kwargs()).fit(Regressor(), loader(data, 8)))
-    out["wrong_sum"] = _error(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 12]), max_steps=1,
+    out["wrong_sum"] = error_of(lambda: L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 12]), max_steps=1,
                                                 **trainer_kwargs()).fit(Regressor(), loader(data, 8)))
-    out["iterable"] = _error(lambda: L.Trainer(strategy="hetero", max_steps=1, **trainer_kwargs()).fit(
+    out["iterable"] = error_of(lambda: L.Trainer(strategy="hetero", max_steps=1, **trainer_kwargs()).fit(
         Regressor(), torch.utils.data.DataLoader(_Stream(), batch_size=4)))
 
     # Automatic probe: any split it picks must keep one-process semantics, and sum to G.
