@@ -44,13 +44,19 @@ def test_time_to_accuracy_charges_the_bytes_and_counts_the_wire():
 def test_overlap_efficiency_by_hand():
     from hetero_strategy.benchmarks_impl.overlap import summarise
 
-    # codec 0.4 s, exchange 0.3 s: a serial hook takes 0.7 s (0), a perfect one 0.4 s (1)
-    raw = {"codec_s": [0.4, 0.4], "comm_s": [0.3, 0.3], "hook_s_stages_1": [0.7, 0.7],
-           "hook_s_stages_4": [0.4, 0.55], "setup": {}}
+    # one chunk: codec 0.4 s, exchange 0.3 s, so a serial hook takes 0.7 s (0) and a perfect one 0.4 s (1);
+    # in four chunks the codec alone is faster (0.3 s): efficiency_same_chunks leaves that gain out
+    one = {"codec_s_stages_1": [0.4, 0.4], "comm_s_stages_1": [0.3, 0.3]}
+    raw = {**one, "codec_s": one["codec_s_stages_1"], "comm_s": one["comm_s_stages_1"],
+           "codec_s_stages_4": [0.3, 0.3], "comm_s_stages_4": [0.3, 0.3],
+           "hook_s_stages_1": [0.7, 0.7], "hook_s_stages_4": [0.4, 0.45], "setup": {}}
     out = summarise(raw)
     assert out["stages"][1]["efficiency"] == pytest.approx(0.0)
-    assert out["stages"][4]["efficiency_spread"] == pytest.approx([0.5, 1.0])
-    assert out["stages"][4]["speedup_vs_one_stage"] == pytest.approx(0.7 / 0.475)
+    assert out["stages"][4]["efficiency_same_chunks_spread"] == pytest.approx([0.5, 2 / 3])  # (0.6 - hook) / 0.3
+    assert out["stages"][4]["efficiency_spread"] == pytest.approx([0.25 / 0.3, 1.0])  # against one chunk's 0.7 s
+    assert out["stages"][4]["efficiency"] == pytest.approx((1.0 + 0.25 / 0.3) / 2)
+    assert out["stages"][4]["codec_s"] == pytest.approx(0.3)
+    assert out["stages"][4]["speedup_vs_one_stage"] == pytest.approx(0.7 / 0.425)
 
 
 def test_overlap_bench_runs_on_loopback(tmp_path):

@@ -1,9 +1,11 @@
 """One rank of ``hetero-strategy bench overlap``: the Top-K hook's codec against its exchange.
 
-On a synthetic bucket of ``--params`` parameters (``--numel`` entries in all), per round and in
-turn: the codec alone (encode every chunk, send nothing), the exchange alone (the encoded chunks'
-collectives, no codec), and the whole hook at each stage count. Ranks meet at a barrier before
-each timing, so every timing covers the same collective on both ranks.
+On a synthetic bucket of ``--params`` parameters (``--numel`` entries in all), per round and for
+each stage count in turn (the order rotates per round): the codec alone (encode every chunk and
+store the residuals, send nothing), the exchange alone (those chunks' collectives and decode, no
+codec), and the whole hook. Codec and exchange are timed at the hook's own chunking, so smaller
+chunks' better cache use is not counted as overlap. Ranks meet at a barrier before each timing,
+so every timing covers the same collective on both ranks.
 
 Example (what each rank runs inside the emulated cluster)::
 
@@ -66,37 +68,47 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace) -> dict:
     from hetero_strategy.hooks import CompressedState
-    from hetero_strategy.hooks.compressed_hooks import _compress, _encode
+    from hetero_strategy.hooks.compressed_hooks import _compress, encode_chunks, store_residuals
     from hetero_strategy.hooks.exchange import finish_exchange, issue_chunk
 
     sizes = [args.numel // args.params] * args.params
     grad = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(dist.get_rank()))
     params = [torch.empty(0) for _ in sizes]
+    counts = sorted({1, *args.stages})  # the codec and exchange in one chunk are always timed
     states = {s: CompressedState(method="topk", dense_fallback=False, base_density=args.density,
                                  min_density=args.density, density_schedule="constant", dense_warmup_steps=1,
-                                 dense_sync_every=0, pipeline_stages=s) for s in args.stages}
-    one = states[args.stages[0]]
+                                 dense_sync_every=0, pipeline_stages=s) for s in counts}
 
     def bucket() -> _Bucket:
         return _Bucket(grad.clone(), sizes, params)
 
-    def encode_only():
-        b = bucket()
-        sparse, ks, caps, _ = one.plan(1, sizes)
-        residual = one.memory.residual(0, one.memory.keys(b), b.gradients())
-        return b, _encode(one, b.buffer(), residual, 0, sizes, sparse, ks, caps, 1.0)[0]
+    def codec(s: int):
+        """The hook's codec work at ``s`` chunks (encode, store residuals), sending nothing."""
+        st, b = states[s], bucket()
+        sparse, ks, caps, _ = st.plan(1, sizes)
+        residual = st.memory.residual(0, st.memory.keys(b), b.gradients())
+        encoded = list(encode_chunks(st, b.buffer(), residual, sizes, sparse, ks, caps, 1.0, s))
+        store_residuals([(c.marker, res, acc) for c, res, acc in encoded])
+        return b, [c for c, _, _ in encoded]
 
-    out = {"codec_s": [], "comm_s": [], **{f"hook_s_stages_{s}": [] for s in args.stages}}
-    for _ in range(args.rounds + 1):  # the first round warms up and is dropped
-        b, chunk = encode_only()
-        out["codec_s"].append(_timed(encode_only))
-        out["comm_s"].append(_timed(lambda b=b, chunk=chunk: finish_exchange(
-            one, b, "compressed", [issue_chunk(one, chunk)]).wait()))
-        for s, st in states.items():
-            out[f"hook_s_stages_{s}"].append(_timed(lambda st=st: _compress(st, bucket(), 1, "compressed").wait()))
+    def exchange(s: int, b: _Bucket, chunks: list) -> None:
+        """The same chunks' collectives and decode, no codec work."""
+        finish_exchange(states[s], b, "compressed", [issue_chunk(states[s], c) for c in chunks]).wait()
+
+    out = {f"{what}_stages_{s}": [] for s in counts for what in ("codec_s", "comm_s")}
+    out.update({f"hook_s_stages_{s}": [] for s in args.stages})
+    for r in range(args.rounds + 1):  # the first round warms up and is dropped
+        for s in counts[r % len(counts):] + counts[:r % len(counts)]:  # the order rotates per round
+            b, chunks = codec(s)
+            out[f"codec_s_stages_{s}"].append(_timed(lambda s=s: codec(s)))
+            out[f"comm_s_stages_{s}"].append(_timed(lambda s=s, b=b, chunks=chunks: exchange(s, b, chunks)))
+            if s in args.stages:
+                out[f"hook_s_stages_{s}"].append(
+                    _timed(lambda s=s: _compress(states[s], bucket(), 1, "compressed").wait()))
     out = {k: v[1:] for k, v in out.items()}
+    out["codec_s"], out["comm_s"] = out["codec_s_stages_1"], out["comm_s_stages_1"]
     out["setup"] = {"numel": sum(sizes), "params": args.params, "density": args.density,
-                    "world": dist.get_world_size(), "bytes_per_rank": one.last_bytes_sent}
+                    "world": dist.get_world_size(), "bytes_per_rank": states[1].last_bytes_sent}
     return out
 
 if __name__ == "__main__":

@@ -92,24 +92,45 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
         sparse, ks, caps = [False] * len(sizes), sizes, sizes
         state.dirty.difference_update(keys)
     residual = state.memory.residual(bucket.index(), keys, grads)  # (n,) fp32
-    offsets = [0]
-    for n in sizes[:-1]:
-        offsets.append(offsets[-1] + n)
     pending, kept = [], []
     # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
     # overlaps them (one chunk unless pipeline_stages asks for more)
-    for lo, hi in chunk_bounds(sizes, state.stages_for(sizes, sparse, caps)):
+    for chunk, res, acc in encode_chunks(state, buf, residual, sizes, sparse, ks, caps, policy.gamma,
+                                         state.stages_for(sizes, sparse, caps)):
+        pending.append(issue_chunk(state, chunk))
+        kept.append((chunk.marker, res, acc))
+    store_residuals(kept)
+    return finish_exchange(state, bucket, mode, pending)
+
+
+def encode_chunks(state: CompressedState, buf: torch.Tensor, residual: torch.Tensor, sizes: "list[int]",
+                  sparse: "list[bool]", ks: "list[int]", caps: "list[int]", gamma: float, stages: int):
+    """Encode the bucket chunk after chunk (:func:`chunk_bounds`); yields (chunk, its slice of the
+    residual, its accumulator), so a caller can send each chunk before the next is encoded."""
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    for lo, hi in chunk_bounds(sizes, stages):
         start, end = offsets[lo], offsets[hi - 1] + sizes[hi - 1]
         chunk, acc = _encode(state, buf[start:end], residual[start:end], start, sizes[lo:hi], sparse[lo:hi],
-                             ks[lo:hi], caps[lo:hi], policy.gamma)
-        pending.append(issue_chunk(state, chunk))
-        kept.append((residual[start:end], acc))
-    # never store a non-finite step: a NaN anywhere in this rank's bucket keeps all of its old
-    # residual (as one chunk would), so the chunking cannot change what a skipped step leaves behind
-    bad = torch.isnan(torch.stack([p.chunk.marker for p in pending]).sum())
-    for res, acc in kept:
+                             ks[lo:hi], caps[lo:hi], gamma)
+        yield chunk, residual[start:end], acc
+
+
+def store_residuals(kept: "list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]") -> None:
+    """Each chunk's accumulator becomes its residual, from (marker, residual slice, acc) per chunk.
+
+    Never store a non-finite step: a NaN anywhere in this rank's bucket keeps all of its old
+    residual (as one chunk would), so the chunking cannot change what a skipped step leaves behind.
+    """
+    bad = torch.isnan(torch.stack([marker for marker, _, _ in kept]).sum())
+    if kept[0][1].device.type == "cpu":  # the check is free here, and a copy is half a where's passes
+        if not bad:
+            for _, res, acc in kept:
+                res.copy_(acc)
+        return
+    for _, res, acc in kept:  # no host sync on an accelerator
         torch.where(bad, res, acc, out=res)
-    return finish_exchange(state, bucket, mode, pending)
 
 
 def _encode(state: CompressedState, buf: torch.Tensor, residual: torch.Tensor, start: int, sizes: "list[int]",

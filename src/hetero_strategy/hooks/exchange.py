@@ -1,5 +1,5 @@
 """The Top-K exchange of one bucket, in chunks: issue each chunk's collectives as soon as it is
-encoded, decode the whole bucket when the last one completes.
+encoded, decode each chunk as soon as its collectives complete.
 
 A bucket is cut into *chunks* of whole parameters (:func:`chunk_bounds`; one chunk unless
 ``pipeline_stages`` asks for more). Per chunk at most two collectives, issued from the hook call
@@ -96,30 +96,43 @@ def issue_chunk(state, chunk: Chunk) -> _Pending:
 
 
 def finish_exchange(state, bucket, mode: str, pending: "list[_Pending]") -> torch.futures.Future:
-    """Account the bucket's bytes now; decode every chunk into the bucket once all have arrived."""
+    """Account the bucket's bytes now; decode each chunk into the bucket as soon as its own
+    collectives complete, and return the bucket once every chunk is in.
+
+    NOTE: call it only once the chunks' residuals are stored: a chunk's decode reuses its region of
+    the bucket, which held the chunk's error-fed accumulator until then. Chunks that have already
+    arrived are decoded here, while the last one is still on the wire.
+    """
     buf = bucket.buffer()
     numel, dtype = buf.numel(), buf.dtype
     sparse_any = any(p.chunk.values for p in pending)
     state._account(bucket, "sparse" if sparse_any else mode, sum(p.nbytes for p in pending),
                    sum(p.chunk.sent_entries for p in pending))
+    # the bucket's buffer is free again (payloads were copied out): decode into it
+    out = buf if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
+    backend = state.config.compression_backend
 
-    def decode() -> torch.Tensor:
-        # the bucket's buffer is free again (payloads were copied out): decode into it
-        out = buf.zero_() if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
-        markers = []
-        for p in pending:
-            c, offset, pos = p.chunk, p.chunk.start, 0
-            for n, is_sparse in zip(c.sizes, c.sparse):
-                if not is_sparse:
-                    out[offset:offset + n] = p.reduced[pos:pos + n]
-                    pos += n
-                offset += n
-            if p.gathered is not None:
-                TopKCodec.decompress(p.gathered[:, :-1], numel, state.config.compression_backend, out=out)
-                markers.append(p.gathered[:, -1].sum())  # any rank's NaN
-            else:
-                markers.append(p.reduced[-1])  # the marker (dense parts alone miss a NaN in a skipped part)
-        out.add_(torch.stack(markers).sum())  # any chunk's NaN marks the whole bucket
+    def decode(p: _Pending) -> torch.Tensor:
+        c, offset, pos = p.chunk, p.chunk.start, 0
+        if p.gathered is not None:  # sparse entries are added to zeros; dense parts overwrite
+            out[c.start:c.start + sum(c.sizes)].zero_()
+        for n, is_sparse in zip(c.sizes, c.sparse):
+            if not is_sparse:
+                out[offset:offset + n] = p.reduced[pos:pos + n]
+                pos += n
+            offset += n
+        if p.gathered is None:
+            return p.reduced[-1:]  # the marker (dense parts alone miss a NaN in a skipped part)
+        # indices stay inside this chunk's parameters, so chunks decoding at once never overlap
+        TopKCodec.decompress(p.gathered[:, :-1], numel, backend, out=out)
+        return p.gathered[:, -1].sum().view(1)  # any rank's NaN
+
+    def close(decoded: torch.futures.Future) -> torch.Tensor:
+        marker = torch.cat([f.value() for f in decoded.value()]).sum()
+        # any chunk's NaN marks the whole bucket; on the CPU the check is free and saves a pass
+        if out.device.type != "cpu" or torch.isnan(marker):
+            out.add_(marker)
         return out.to(dtype)
 
-    return comm.then(torch.futures.collect_all([f for p in pending for f in p.futs]), decode)
+    decoded = [comm.then(torch.futures.collect_all(p.futs), lambda p=p: decode(p)) for p in pending]
+    return torch.futures.collect_all(decoded).then(close)
