@@ -71,3 +71,4 @@ def test_overlap_bench_runs_on_loopback(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert set(report["stages"]) == {"1", "3"} and report["setup"]["link"] == "loopback"
+    assert report["codec_beside_exchange_s"] > 0 and report["stages"]["3"]["codec_s"] > 0

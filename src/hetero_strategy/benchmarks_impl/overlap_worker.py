@@ -91,17 +91,30 @@ def _measure(args: argparse.Namespace) -> dict:
         store_residuals([(c.marker, res, acc) for c, res, acc in encoded])
         return b, [c for c, _, _ in encoded]
 
-    def exchange(s: int, b: _Bucket, chunks: list) -> None:
+    def exchange(s: int, b: _Bucket, chunks: list) -> torch.futures.Future:
         """The same chunks' collectives and decode, no codec work."""
-        finish_exchange(states[s], b, "compressed", [issue_chunk(states[s], c) for c in chunks]).wait()
+        return finish_exchange(states[s], b, "compressed", [issue_chunk(states[s], c) for c in chunks])
+
+    def codec_beside_exchange() -> float:
+        """The one-chunk codec while another bucket's collectives are on the wire (not decoded):
+        what the link's CPU work (gloo's threads, the kernel's TCP and tc) takes from its core."""
+        _, chunks = codec(1)
+        dist.barrier()
+        futs = [f for c in chunks for f in issue_chunk(states[1], c).futs]
+        t0 = time.perf_counter()
+        codec(1)
+        elapsed = time.perf_counter() - t0
+        torch.futures.wait_all(futs)
+        return elapsed
 
     out = {f"{what}_stages_{s}": [] for s in counts for what in ("codec_s", "comm_s")}
-    out.update({f"hook_s_stages_{s}": [] for s in args.stages})
+    out.update({f"hook_s_stages_{s}": [] for s in args.stages}, codec_beside_exchange_s=[])
     for r in range(args.rounds + 1):  # the first round warms up and is dropped
+        out["codec_beside_exchange_s"].append(codec_beside_exchange())
         for s in counts[r % len(counts):] + counts[:r % len(counts)]:  # the order rotates per round
             b, chunks = codec(s)
             out[f"codec_s_stages_{s}"].append(_timed(lambda s=s: codec(s)))
-            out[f"comm_s_stages_{s}"].append(_timed(lambda s=s, b=b, chunks=chunks: exchange(s, b, chunks)))
+            out[f"comm_s_stages_{s}"].append(_timed(lambda s=s, b=b, chunks=chunks: exchange(s, b, chunks).wait()))
             if s in args.stages:
                 out[f"hook_s_stages_{s}"].append(
                     _timed(lambda s=s: _compress(states[s], bucket(), 1, "compressed").wait()))
