@@ -39,7 +39,10 @@ def then(fut: torch.futures.Future, result: Callable[[], Any]) -> torch.futures.
         if isinstance(value, list):  # collect_all's futures: each one's error too
             for part in value:
                 if isinstance(part, torch.futures.Future):
-                    part.value()
+                    # NOTE: wait(), not value(): collect_all's future has no devices, so its
+                    # callback is not ordered after NCCL's stream; a part's wait() makes the
+                    # current stream wait for that collective's events (no host sync)
+                    part.wait()
         return result()
 
     return fut.then(run)
@@ -51,9 +54,9 @@ def world_size(group: dist.ProcessGroup | None) -> int:
 
 def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[torch.futures.Future, int]:
     """Sum ``tensor`` in place across ranks; (future, bytes sent = bytes received by this rank)."""
-    w = world_size(group)
-    if w == 1:
+    if not dist.is_initialized():  # a world of 1 still runs the collective: the same code path
         return completed(tensor), 0
+    w = world_size(group)
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
     nbytes = 2 * (w - 1) * tensor.numel() * tensor.element_size() // w
     return fut, nbytes
@@ -61,9 +64,9 @@ def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[t
 
 def all_gather(payload: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[torch.futures.Future, torch.Tensor, int]:
     """Gather equal-size 1-D payloads into (W, numel); (future, output, bytes sent by this rank)."""
-    w = world_size(group)
-    if w == 1:
+    if not dist.is_initialized():
         return completed(payload), payload.unsqueeze(0), 0
+    w = world_size(group)
     flat = torch.empty(w * payload.numel(), dtype=payload.dtype, device=payload.device)  # gloo wants 1-D
     fut = _gather_single(flat, payload, group=group, async_op=True).get_future()
     return fut, flat.view(w, payload.numel()), (w - 1) * payload.numel() * payload.element_size()
