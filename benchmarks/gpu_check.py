@@ -5,10 +5,13 @@ Sections (each one runs even if another failed; its error is kept in the JSON):
 * ``kernels`` — ``bench_kernels.py`` at 25M entries and k = 1% (Triton vs ``torch.topk`` + scatter,
   bitwise-checked against the reference first);
 * ``hooks`` — every comm hook (none, fp16, bf16, powersgd, topk, tiered, onebit, topk pipelined)
-  through DDP on this device as a world of 1 (NCCL on CUDA): steps run, gradients finite, and
-  with density 1 equal to the plain gradient;
+  through DDP on this device as a world of 1 (NCCL on CUDA; the collectives really run): steps
+  run, gradients finite, with density 1 equal to the plain gradient, the ``*_side`` variants
+  (``side_streams=True``) bitwise equal to their plain twins, and on CUDA one more step under
+  ``torch.cuda.set_sync_debug_mode("error")`` (``host_sync_free``: no host sync in the step);
 * ``autocast`` — bf16 and fp16 policies: forward/backward under autocast, loss scaling, dtypes;
-* ``overlap`` — CUDA side-stream overlap: not written yet, reported as such.
+* ``overlap`` — CUDA only: step time of a model whose backward is long, Top-K (4 stages) with and
+  without side streams, alternating, medians and their ratio.
 
 On CPU (``--device cpu``, gloo) it runs the same sections but kernels, which is how CI keeps
 this script working without a GPU. Under 5 minutes on an H200.
@@ -46,6 +49,7 @@ HOOKS = {  # name: flat config fields
     "topk_density_1": dict(compression="topk", dense_fallback=False, base_density=1.0, min_density=1.0,
                            dense_warmup_steps=1),
 }
+SIDE = {f"{name}_side": dict(HOOKS[name], side_streams=True) for name in ("topk", "topk_pipelined", "onebit")}
 
 
 def _section(report: dict, name: str, fn) -> None:
@@ -72,36 +76,93 @@ def _net(device: torch.device) -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
 
 
-def _hooks(device: torch.device) -> dict:
+def _steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, sync: bool = True) -> list[float]:
+    """``n`` forward/backward passes; the time of each (device-synchronised on CUDA when ``sync``)."""
+    times = []
+    for _ in range(n):
+        model.zero_grad()
+        t0 = time.perf_counter()
+        nn.functional.cross_entropy(model(x), y).backward()
+        if sync and x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _ddp(net: nn.Module, fields: dict, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero_strategy.config import HeteroConfig
     from hetero_strategy.hooks import build_comm_hook
 
+    model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+    state, hook = build_comm_hook(HeteroConfig.from_flat(**fields), None, max_steps=10)
+    model.register_comm_hook(state, hook)
+    return model
+
+
+def _sync_free(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
+    """One more step with host syncs made errors (CUDA only)."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _steps(model, x, y, 1, sync=False)
+        return {"host_sync_free": True}
+    except RuntimeError as e:
+        return {"host_sync_free": False, "host_sync": str(e).splitlines()[0]}
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def _hooks(device: torch.device) -> dict:
     x = torch.randn(32, 64, device=device)
     y = torch.randint(0, 10, (32,), device=device)
     plain = _net(device)
     nn.functional.cross_entropy(plain(x), y).backward()
     want = [p.grad.clone() for p in plain.parameters()]
-    out = {}
-    for name, fields in HOOKS.items():
-        model = DistributedDataParallel(_net(device), device_ids=[device.index] if device.type == "cuda" else None)
-        state, hook = build_comm_hook(HeteroConfig.from_flat(**fields), None, max_steps=10)
-        model.register_comm_hook(state, hook)
-        times = []
-        for _ in range(4):
-            model.zero_grad()
-            t0 = time.perf_counter()
-            nn.functional.cross_entropy(model(x), y).backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        grads = [p.grad for p in model.parameters()]
-        row = {"finite": all(bool(torch.isfinite(g).all()) for g in grads), "step_s": sorted(times)[len(times) // 2]}
+    out, grads = {}, {}
+    for name, fields in {**HOOKS, **SIDE}.items():
+        model = _ddp(_net(device), fields, device)
+        times = _steps(model, x, y, 4)
+        grads[name] = [p.grad.clone() for p in model.parameters()]
+        row = {"finite": all(bool(torch.isfinite(g).all()) for g in grads[name]),
+               "step_s": sorted(times)[len(times) // 2]}
         if name in ("none", "topk_density_1"):  # world of 1, density 1: the plain gradient
-            row["equals_plain"] = all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(grads, want))
+            row["equals_plain"] = all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(grads[name], want))
+        if name in SIDE:  # the same steps on a side stream: bitwise the plain path's gradients
+            row["equals_plain_path"] = all(torch.equal(a, b) for a, b in zip(grads[name], grads[name[:-5]]))
+        row.update(_sync_free(model, x, y, device) if fields.get("compression") != "none" else {})
         out[name] = row
-    return {"backend": dist.get_backend(), "hooks": out}
+    ours = ("topk", "tiered", "onebit")  # the hooks whose steps must not sync the host
+    problems = [name for name, row in out.items() if not row["finite"] or False in (
+        row.get("equals_plain"), row.get("equals_plain_path"),
+        row.get("host_sync_free") if name.startswith(ours) else None)]
+    return {"backend": dist.get_backend(), "hooks": out, "problems": problems}
+
+
+def _overlap(device: torch.device) -> dict:
+    """Top-K's codec on a side stream against the compute stream, while backward still runs."""
+    if device.type != "cuda":
+        return {"skipped": "no CUDA device: side streams exist on a GPU only"}
+    torch.manual_seed(0)
+    width, depth = 4096, 12  # 12 x 16.8M parameters: many buckets, a long backward
+    x = torch.randn(256, width, device=device)
+    y = torch.randint(0, width, (256,), device=device)
+    base = dict(compression="topk", dense_fallback=False, dense_warmup_steps=1, pipeline_stages=4)
+    models = {}
+    for side in (False, True):
+        torch.manual_seed(0)
+        net = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)]).to(device)
+        models[side] = _ddp(net, dict(base, side_streams=side), device)
+        _steps(models[side], x, y, 3)  # warm-up, the bucket rebuild, Triton compiles
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(7):  # alternating rounds
+        for side in (False, True):
+            times[side] += _steps(models[side], x, y, 3)
+    med = {side: sorted(t)[len(t) // 2] for side, t in times.items()}
+    return {"step_s_plain": med[False], "step_s_side_streams": med[True], "speedup": med[False] / med[True],
+            "spread_s": {str(k): [min(v), max(v)] for k, v in times.items()}}
 
 
 def _autocast(device: torch.device) -> dict:
@@ -144,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         _section(report, "kernels", lambda: _kernels(device))
         _section(report, "hooks", lambda: _hooks(device))
         _section(report, "autocast", lambda: _autocast(device))
-        report["overlap"] = {"ok": False, "skipped": "CUDA side-stream overlap is not written yet (issue 10)"}
+        _section(report, "overlap", lambda: _overlap(device))
     finally:
         dist.destroy_process_group()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str))
-    failed = [k for k, v in report.items() if isinstance(v, dict) and v.get("ok") is False and "error" in v]
+    failed = [k for k, v in report.items() if isinstance(v, dict) and (v.get("ok") is False and "error" in v
+                                                                       or v.get("problems"))]
     print(json.dumps({k: v.get("ok") for k, v in report.items() if isinstance(v, dict)}), "failed:", failed)
     return 1 if failed else 0
 

@@ -39,7 +39,7 @@ CONFIG = {
     "density_schedule": ("linear", "density_schedule='linear'"), "ef_gamma": (0.0, "ef_gamma=0.0"),
     "dense_sync_every": (-5, "dense_sync_every=-5"), "clip_norm": (-1.0, "clip_norm=-1.0"),
     "compression_backend": ("cuda", "compression_backend='cuda'"), "dense_fallback": ("maybe", "dense_fallback="),
-    "pipeline_stages": (9, "pipeline_stages=9"), "powersgd_rank": (0, "powersgd_rank=0"),
+    "pipeline_stages": (9, "pipeline_stages=9"), "side_streams": ("yes", "side_streams='yes'"), "powersgd_rank": (0, "powersgd_rank=0"),
     "overlap_comm": (1, "overlap_comm=1"), "hierarchical": ("on", "hierarchical='on'"),
     "fast_groups": ([[0, 1], "2"], "fast_groups[1]='2'"), "precision_policy": ("fp8", "precision_policy='fp8'"),
     "keep_fp32": ("LayerNorm", "keep_fp32='LayerNorm'"), "init_scale": (0, "init_scale=0"),

@@ -36,12 +36,13 @@ def _train(rank: int, world: int, method: str) -> dict:
     x = torch.randn(64, 7, generator=torch.Generator().manual_seed(rank))
     y = torch.randn(64, 3, generator=torch.Generator().manual_seed(10 + rank))
     out, chunks = {}, {}
-    for stages in STAGES:
+    for stages in [*STAGES, "side"]:  # "side": 3 stages with side_streams (no streams on the CPU)
         issued.clear()
         model = DistributedDataParallel(_net())
         extra = dict(tiers=["ib", "eth1g"], tier_overrides=OVERRIDES) if method == "tiered" else {}
         state = CompressedState(method=method, dense_fallback=False, base_density=0.3, min_density=0.05,
-                                dense_warmup_steps=1, dense_sync_every=4, pipeline_stages=stages, **extra)
+                                dense_warmup_steps=1, dense_sync_every=4, side_streams=stages == "side",
+                                pipeline_stages=3 if stages == "side" else stages, **extra)
         state.set_local_batch([16, 48][rank], 64)
         model.register_comm_hook(state, topk_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -64,7 +65,7 @@ def test_pipelined_exchange_equals_one_chunk_bitwise(method):
     ranks = run_distributed(_train, 2, method, timeout=180)
     for rank in ranks:
         assert rank["skipped"] == 1  # the inf step, on both ranks
-        for stages in STAGES[1:]:
+        for stages in [*STAGES[1:], "side"]:
             for a, b in zip(rank["weights"][stages], rank["weights"][1]):
                 assert torch.equal(a, b), f"{stages} stages differ from one chunk"
         # 6 parameters in one bucket: the chunks really were cut (7 steps, the first one dense)
@@ -86,3 +87,8 @@ def test_chunks_cover_the_bucket_at_parameter_boundaries():
 def test_bad_stage_counts_are_refused():
     with pytest.raises(ConfigError, match="pipeline_stages=9 is invalid"):
         CompressionConfig(method="topk", pipeline_stages=9)
+
+
+def test_side_streams_without_a_codec_are_refused():
+    with pytest.raises(ConfigError, match="side_streams=True is invalid.*not compression='fp16'"):
+        CompressionConfig(method="fp16", side_streams=True)

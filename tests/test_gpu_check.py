@@ -21,5 +21,7 @@ def test_gpu_check_runs_on_cpu_and_reports_every_section(tmp_path):
     assert set(hooks) >= {"none", "fp16", "bf16", "powersgd", "topk", "tiered", "onebit", "topk_pipelined"}
     assert all(row["finite"] for row in hooks.values())
     assert hooks["none"]["equals_plain"] and hooks["topk_density_1"]["equals_plain"]
+    assert all(hooks[f"{name}_side"]["equals_plain_path"] for name in ("topk", "topk_pipelined", "onebit"))
+    assert report["hooks"]["problems"] == [] and report["overlap"]["skipped"].startswith("no CUDA")
     assert report["autocast"]["bf16"]["logits_dtype"] == "torch.bfloat16"
     assert report["autocast"]["fp16"]["scale"] == 2.0**16 and report["autocast"]["fp16"]["stepped"]

@@ -58,6 +58,10 @@ class CompressionConfig:
     """topk/tiered: cut each bucket into this many chunks of whole parameters (1-8) and start each
     chunk's exchange as soon as it is encoded, so the codec overlaps the communication; "auto"
     takes ceil(T_codec / T_comm) + 1 from the dense_fallback measurement (1 without it)."""
+    side_streams: bool = False
+    """topk/tiered/onebit on CUDA: run each bucket's codec, collectives' issue and decode on a side
+    stream, ordered by events, so they overlap the rest of backward. Off until checked on a GPU
+    (benchmarks/gpu_check.py); nothing changes on the CPU."""
     powersgd_rank: int = 4
     """Matrix approximation rank of the PowerSGD baseline (compression="powersgd")."""
     overlap_comm: bool = True
@@ -114,6 +118,11 @@ class CompressionConfig:
         if self.pipeline_stages != "auto" and (isinstance(self.pipeline_stages, bool) or not isinstance(
                 self.pipeline_stages, int) or not 1 <= self.pipeline_stages <= 8):
             _fail("pipeline_stages", self.pipeline_stages, "use auto or an integer from 1 (no pipelining) to 8")
+        if not isinstance(self.side_streams, bool):
+            _fail("side_streams", self.side_streams, "must be true or false")
+        if self.side_streams and self.method not in ("topk", "tiered", "onebit"):
+            _fail("side_streams", self.side_streams,
+                  f"side streams run the codec of topk, tiered or onebit, not compression={self.method!r}")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
         if not isinstance(self.overlap_comm, bool):
             _fail("overlap_comm", self.overlap_comm, "must be true or false")

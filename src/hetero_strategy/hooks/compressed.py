@@ -43,6 +43,7 @@ from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
+from hetero_strategy.hooks.streams import SideStreams
 from hetero_strategy.hooks.tiers import TierPolicy, device_for, exchange_policies
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
@@ -70,7 +71,7 @@ class CompressedState(WeightedReduceState):
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
-        "cost", "memory", "dirty", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
+        "cost", "memory", "dirty", "streams", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
         "_acc_fallback",
         # stats
         "density", "dense_fallback", "total_bytes_sent", "total_bytes_received",
@@ -114,6 +115,7 @@ class CompressedState(WeightedReduceState):
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
+        self.streams = SideStreams() if config.side_streams else None
         # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
         # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
         # ones never take that shortcut). A NaN step keeps its old residual while the set says

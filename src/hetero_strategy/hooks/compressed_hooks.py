@@ -49,6 +49,12 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
         state = CompressedState(method="tiered", tiers=["ib", "eth1g"])
         ddp_model.register_comm_hook(state, topk_hook)
     """
+    if state.streams is not None:  # side_streams: the body below on a side CUDA stream
+        return state.streams.run(bucket.buffer(), lambda: _topk(state, bucket))
+    return _topk(state, bucket)
+
+
+def _topk(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future:
     step = state.step
     state.record_bucket(bucket)
     mode = state.mode(step)
@@ -176,6 +182,12 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
         state = CompressedState(method="onebit")
         ddp_model.register_comm_hook(state, onebit_hook)
     """
+    if state.streams is not None:
+        return state.streams.run(bucket.buffer(), lambda: _onebit(state, bucket))
+    return _onebit(state, bucket)
+
+
+def _onebit(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future:
     step = state.step
     state.record_bucket(bucket)
     mode = state.mode(step)
