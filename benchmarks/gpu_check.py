@@ -10,8 +10,10 @@ Sections (each one runs even if another failed; its error is kept in the JSON):
   (``side_streams=True``) bitwise equal to their plain twins, and on CUDA one more step under
   ``torch.cuda.set_sync_debug_mode("error")`` (``host_sync_free``: no host sync in the step);
 * ``autocast`` — bf16 and fp16 policies: forward/backward under autocast, loss scaling, dtypes;
-* ``overlap`` — CUDA only: step time of a model whose backward is long, Top-K (4 stages) with and
-  without side streams, alternating, medians and their ratio.
+  On CUDA the pipelined Top-K and onebit side variants run once more with the side stream
+  sleeping ~10 ms per bucket (``*_delayed``), so a missing stream wait changes the gradients;
+* ``overlap`` — CUDA only: step time of a 32-layer model, Top-K (4 stages) with and without side
+  streams, alternating, medians, their ratio and the CPU time per step.
 
 On CPU (``--device cpu``, gloo) it runs the same sections but kernels, which is how CI keeps
 this script working without a GPU. Under 5 minutes on an H200.
@@ -50,6 +52,7 @@ HOOKS = {  # name: flat config fields
                            dense_warmup_steps=1),
 }
 SIDE = {f"{name}_side": dict(HOOKS[name], side_streams=True) for name in ("topk", "topk_pipelined", "onebit")}
+DELAYED = ("topk_pipelined_side", "onebit_side")  # CUDA: run again with a sleeping side stream
 
 
 def _section(report: dict, name: str, fn) -> None:
@@ -89,7 +92,10 @@ def _steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, sync: boo
     return times
 
 
-def _ddp(net: nn.Module, fields: dict, device: torch.device) -> nn.Module:
+def _ddp(net: nn.Module, fields: dict, device: torch.device, delay_side: bool = False) -> nn.Module:
+    """DDP with the configured hook; ``delay_side``: the side stream first sleeps ~10 ms per
+    bucket, so a missing wait after the side stream's work (NCCL's, the decode's or DDP's) changes
+    the gradients."""
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero_strategy.config import HeteroConfig
@@ -97,6 +103,9 @@ def _ddp(net: nn.Module, fields: dict, device: torch.device) -> nn.Module:
 
     model = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     state, hook = build_comm_hook(HeteroConfig.from_flat(**fields), None, max_steps=10)
+    if delay_side:
+        run = state.streams.run
+        state.streams.run = lambda buf, work: run(buf, lambda: (torch.cuda._sleep(20_000_000), work())[1])
     model.register_comm_hook(state, hook)
     return model
 
@@ -134,6 +143,12 @@ def _hooks(device: torch.device) -> dict:
             row["equals_plain_path"] = all(torch.equal(a, b) for a, b in zip(grads[name], grads[name[:-5]]))
         row.update(_sync_free(model, x, y, device) if fields.get("compression") != "none" else {})
         out[name] = row
+        if name in DELAYED and device.type == "cuda":
+            model = _ddp(_net(device), fields, device, delay_side=True)
+            _steps(model, x, y, 4)
+            late = [p.grad for p in model.parameters()]
+            out[f"{name}_delayed"] = {"finite": all(bool(torch.isfinite(g).all()) for g in late),
+                                      "equals_plain_path": all(torch.equal(a, b) for a, b in zip(late, grads[name[:-5]]))}
     ours = ("topk", "tiered", "onebit")  # the hooks whose steps must not sync the host
     problems = [name for name, row in out.items() if not row["finite"] or False in (
         row.get("equals_plain"), row.get("equals_plain_path"),
@@ -145,10 +160,10 @@ def _overlap(device: torch.device) -> dict:
     """Top-K's codec on a side stream against the compute stream, while backward still runs."""
     if device.type != "cuda":
         return {"skipped": "no CUDA device: side streams exist on a GPU only"}
-    torch.manual_seed(0)
-    width, depth = 4096, 12  # 12 x 16.8M parameters: many buckets, a long backward
-    x = torch.randn(256, width, device=device)
-    y = torch.randint(0, width, (256,), device=device)
+    # 32 layers of 1M parameters: several per 25 MB bucket, so 4 stages really cut chunks
+    width, depth, batch = 1024, 32, 4096
+    x = torch.randn(batch, width, device=device)
+    y = torch.randint(0, width, (batch,), device=device)
     base = dict(compression="topk", dense_fallback=False, dense_warmup_steps=1, pipeline_stages=4)
     models = {}
     for side in (False, True):
@@ -157,12 +172,17 @@ def _overlap(device: torch.device) -> dict:
         models[side] = _ddp(net, dict(base, side_streams=side), device)
         _steps(models[side], x, y, 3)  # warm-up, the bucket rebuild, Triton compiles
     times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(7):  # alternating rounds
         for side in (False, True):
+            c0 = time.process_time()
             times[side] += _steps(models[side], x, y, 3)
+            cpu[side].append((time.process_time() - c0) / 3)
     med = {side: sorted(t)[len(t) // 2] for side, t in times.items()}
+    # NOTE: a CPU time per step near the step time means the hook's Python bounds the step, not the GPU
     return {"step_s_plain": med[False], "step_s_side_streams": med[True], "speedup": med[False] / med[True],
-            "spread_s": {str(k): [min(v), max(v)] for k, v in times.items()}}
+            "spread_s": {str(k): [min(v), max(v)] for k, v in times.items()},
+            "cpu_s_per_step": {str(k): sorted(v)[len(v) // 2] for k, v in cpu.items()}}
 
 
 def _autocast(device: torch.device) -> dict:

@@ -31,8 +31,9 @@ _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_int
 def then(fut: torch.futures.Future, result: Callable[[], Any]) -> torch.futures.Future:
     """``fut.then`` for a callback that reads its collective's tensors, not the future's value.
 
-    NOTE: the future's error is raised first: a collective that failed (a dead peer) leaves its
-    output tensors half-written, and decoding them would hand DDP garbage instead of the error.
+    NOTE: the future's error is raised first: a gloo collective that failed (a dead peer) leaves
+    its output tensors half-written, and decoding them would hand DDP garbage instead of the
+    error (NCCL reports failures through its watchdog instead).
     """
     def run(f: torch.futures.Future) -> Any:
         value = f.value()  # raises the error of a failed collective

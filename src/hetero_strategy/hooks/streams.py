@@ -5,15 +5,18 @@ codec kernels queued there hold back the backward kernels queued behind them. Wi
 ``side_streams=True`` the hook instead:
 
 1. makes its side stream wait for the compute stream (an event: the gradients are written);
-2. runs the codec, the collectives' issue and the decode with the side stream current (NCCL's
-   own stream waits for the side stream when a collective is issued);
+2. runs the codec, the collectives' issue and the Top-K decode with the side stream current
+   (NCCL's stream waits for the side stream when a collective is issued; a decode that is a
+   callback of a CUDA future, as onebit's and the dense all-reduce's, runs on a pool stream that
+   waits for NCCL, and the side stream then waits for that);
 3. returns a CUDA future completed on the side stream, so DDP's ``wait()`` makes the compute
    stream wait for the decode: events only, no host sync and no device-wide synchronize.
 
 Memory: tensors made while the side stream is current come from its pool and are used there; the
 result handed to DDP is recorded on the stream that waits for it (CUDA futures record their
-tensors on the waiting stream), and NCCL records its inputs on its stream. The bucket buffer and
-the residuals live as long as the model, so no ``record_stream`` is needed for them.
+tensors on the waiting stream), and NCCL keeps its inputs alive until the collective is done. The
+bucket buffer and the residuals live as long as the model, so no ``record_stream`` is needed for
+them.
 
 On the CPU (gloo) there are no streams: the hook runs as it is.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["SideStreams"]
 
@@ -51,20 +55,17 @@ class SideStreams:
         if side is None:
             side = self._streams[device.index] = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
+        result: torch.futures.Future = torch.futures.Future(devices=[device])
         with torch.cuda.stream(side):
             inner = work()
-        result: torch.futures.Future = torch.futures.Future(devices=[device])
-
-        def complete(fut: torch.futures.Future) -> None:
-            # the inner chain may end in a future without devices (collect_all's): complete ours
-            # with the side stream current, so its events follow every kernel the hook queued
-            with torch.cuda.stream(side):
-                try:
-                    value = fut.wait()  # a CUDA future: the side stream waits for its events
-                except Exception as e:  # noqa: BLE001 - NOTE: handed to DDP, which raises it
-                    result.set_exception(e)
-                    return
-                result.set_result(value)
-
-        inner.add_done_callback(complete)
+            # NOTE: NCCL completes a collective's future when it is queued, so the hook's whole
+            # chain of callbacks has run by now; a backend that completes later would run them on
+            # another thread and stream, which nothing here would order
+            if not inner.done():
+                raise RuntimeError("side_streams=True needs a backend whose collectives complete when queued "
+                                   f"(NCCL), not {dist.get_backend()!r}: set side_streams=False")
+            # wait(): the side stream waits for the chain's last events (callbacks of CUDA futures
+            # run on pool streams) and the hook's own error is raised here, whole; the result's
+            # event is then recorded on the side stream, after every kernel the hook queued
+            result.set_result(inner.wait())
         return result
