@@ -10,8 +10,8 @@ index, in ascending index order.
 The torch path works on the whole bucket at once: int32 magnitude keys, one jittered sample of
 every large segment's keys (one gather) for a threshold a little below its k-th largest one, a
 candidate mask over the bucket (one slice compare per segment: no per-entry threshold tensor),
-one ``nonzero``, then the exact top-k among the few candidates by one sort on (segment, key,
-index). A segment whose sample overshot (fewer
+one ``nonzero``, then the exact top-k among the few candidates by one stable sort on (segment,
+key) and a mask back in candidate (index) order. A segment whose sample overshot (fewer
 than k candidates) gets its exact threshold and the mask is rebuilt once.
 
 The Triton path runs :func:`.topk_select.topk_select` per segment (no host sync; launches per
@@ -145,11 +145,14 @@ def topk_select_segments_torch(acc: torch.Tensor, offsets, sizes, ks, caps) -> t
     # exact top-k among candidates: order by segment, then key descending; stable, so equal keys
     # keep ascending index order (ties go to the lower index)
     order = torch.sort(cand_seg * (1 << 32) + (INT32_MAX - keys[cand].long()), stable=True).indices
-    cand, cand_seg = cand[order], cand_seg[order]
     first = torch.cumsum(counts, 0) - counts  # each segment's first position among the candidates
-    keep = torch.arange(cand.numel(), device=dev) - first[cand_seg] < seg_k_t[cand_seg]
-    chosen = torch.sort(cand[keep]).values  # ascending: grouped by segment, in index order inside
-    chosen_seg = torch.searchsorted(starts_t, chosen, right=True) - 1
+    seg_sorted = cand_seg[order]
+    keep = torch.arange(order.numel(), device=dev) - first[seg_sorted] < seg_k_t[seg_sorted]
+    # back in candidate order, which is ascending (grouped by segment, index order inside): a mask
+    # instead of sorting the chosen positions again
+    picked = torch.zeros(cand.numel(), dtype=torch.bool, device=dev)
+    picked[order[keep]] = True
+    chosen, chosen_seg = cand[picked], cand_seg[picked]
     live_t = torch.tensor(live, dtype=torch.int64, device=dev)
     slot_base = (torch.cumsum(cap_t, 0) - cap_t)[live_t]  # each live segment's first payload slot
     kept_first = torch.cumsum(seg_k_t, 0) - seg_k_t
