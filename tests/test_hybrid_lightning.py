@@ -295,6 +295,36 @@ def test_fp16_local_clipping_acts_on_unscaled_gradients():
         assert r["norms"] == pytest.approx([CLIP] * 4, rel=1e-3)
 
 
+class _FusedSGD(_GradNorms):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr, fused=True)  # unscales inside its own step
+
+
+def _fused(rank: int, world: int, clip: "float | None") -> dict:
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from hetero_strategy import HeteroStrategy
+    from hetero_strategy.config import ConfigError
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
+    strategy = HeteroStrategy(mode="hybrid", periods=[4, 1], plateau_thresholds=[0.05], local_clip_norm=clip,
+                              batch_sizes=[4, 4], precision_plugin=MixedPrecision("16-mixed", "cpu", scaler))
+    model = _FusedSGD()
+    try:
+        L.Trainer(strategy=strategy, max_epochs=1, **trainer_kwargs()).fit(model, loader(make_data(32), 4))
+    except ConfigError as e:
+        return {"error": str(e), "steps": len(model.norms)}
+    return {"error": None, "steps": len(model.norms)}
+
+
+def test_local_clipping_beside_a_fused_fp16_optimizer_is_refused_before_any_step():
+    for r in run_distributed(_fused, 2, CLIP, timeout=60):
+        assert r["steps"] == 0 and r["error"].startswith("local_clip_norm=0.01 is invalid with SGD(fused=True)")
+    # the fix the message names: no local clipping, and the fused optimizer trains
+    assert [r["steps"] for r in run_distributed(_fused, 2, None, timeout=60)] == [4, 4]
+
+
 def test_bad_hybrid_monitor_is_refused_at_construction():
     from hetero_strategy import HeteroStrategy
     from hetero_strategy.config import ConfigError
