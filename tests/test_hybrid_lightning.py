@@ -300,7 +300,7 @@ class _FusedSGD(_GradNorms):
         return torch.optim.SGD(self.parameters(), lr=self.lr, fused=True)  # unscales inside its own step
 
 
-def _fused(rank: int, world: int, clip: "float | None") -> dict:
+def _fused(rank: int, world: int, clip: float | None) -> dict:
     import lightning as L
     from lightning.pytorch.plugins.precision import MixedPrecision
 
