@@ -225,3 +225,29 @@ def test_one_process_runs_hybrid_as_plain_sgd():
         opt.step()
     for got, want in zip(out["weights"], oracle.parameters(), strict=True):
         torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _fused_prepare(rank: int, world: int, clip: float | None) -> str | None:
+    from accelerate import Accelerator
+
+    from hetero_strategy.accelerate import HeteroPlugin
+    from hetero_strategy.config import ConfigError
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu")  # Accelerate's fp16 scaler (built on GPUs only)
+    plugin = HeteroPlugin(mode="hybrid", local_clip_norm=clip)
+    net = make_net()
+    try:
+        plugin.prepare(accelerator, net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True),
+                       DataLoader(make_data(16), batch_size=4))
+    except ConfigError as e:
+        return str(e)
+    finally:
+        plugin.close()
+    return None
+
+
+def test_local_clipping_beside_a_fused_fp16_optimizer_is_refused_at_prepare():
+    for message in run_distributed(_fused_prepare, 2, 1.0, timeout=60):
+        assert message.startswith("local_clip_norm=1.0 is invalid with SGD(fused=True) under fp16")
+    assert run_distributed(_fused_prepare, 2, None, timeout=60) == [None, None]  # the fix it names

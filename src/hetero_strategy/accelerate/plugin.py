@@ -206,6 +206,7 @@ class HeteroPlugin:
             # step, after accumulation, and never on a step GradScaler skipped.
             optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
         if self.runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
+            self.runtime.check_local_clipping(self._optimizers, getattr(self.accelerator, "scaler", None) is not None)
             for inner in self._optimizers:
                 inner.register_step_pre_hook(lambda opt, *_: self.runtime.before_optimizer_step(opt))
         if self._gates():

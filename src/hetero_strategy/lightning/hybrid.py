@@ -37,8 +37,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from hetero_strategy.config import ConfigError
 from hetero_strategy.lightning.internals import local_sigterm, require_lightning_internals
 
-__all__ = ["HybridCallback", "HybridLoop", "check_hybrid_monitor", "check_hybrid_trainer", "check_local_clipping",
-           "in_training_batch",
+__all__ = ["HybridCallback", "HybridLoop", "check_hybrid_monitor", "check_hybrid_trainer", "in_training_batch",
            "local_closure", "monitored_value", "refuse_synced_log", "training_stops_here"]
 
 
@@ -168,21 +167,6 @@ def check_hybrid_trainer(trainer: Any) -> None:
         raise ConfigError("automatic_optimization=False is invalid with mode='hybrid': HeteroStrategy wraps "
                           "Lightning's closure (forward and backward) to keep local steps off DDP's gradient "
                           "exchange; use automatic optimization, or mode='sync'")
-
-
-def check_local_clipping(strategy: Any) -> None:
-    """After Lightning built the optimizers: refuse ``local_clip_norm`` where the fp16 plugin
-    leaves the gradients scaled at on_before_optimizer_step (an optimizer that unscales inside its
-    own step, as the fused ones do), since the clip would then act on scaled gradients."""
-    norm = strategy.hetero_config.hybrid.local_clip_norm
-    if strategy.runtime.hybrid is None or norm is None or getattr(strategy.precision_plugin, "scaler", None) is None:
-        return
-    for opt in strategy.optimizers:
-        if getattr(opt, "_step_supports_amp_scaling", False):  # Lightning's own test for this case
-            raise ConfigError(f"local_clip_norm={norm!r} is invalid with {type(opt).__name__}(fused=True) under "
-                              "fp16 mixed precision: the optimizer unscales the gradients inside its step, so the "
-                              "local clipping would act on scaled gradients; pass local_clip_norm=None, or an "
-                              "optimizer without fused=True")
 
 
 def local_closure(closure: Callable[[], Any], ddp_model: Any, runtime: Any) -> Callable[[], Any]:

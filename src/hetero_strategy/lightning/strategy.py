@@ -46,7 +46,7 @@ from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
 from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
-from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor, check_local_clipping
+from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor
 from hetero_strategy.lightning.options import (
     check_checkpoint_dir,
     check_ddp_kwargs,
@@ -216,7 +216,8 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
             self.runtime.precision.keep_fp32(trainer.lightning_module)
         self.setup_hybrid(trainer)
         super().setup(trainer)
-        check_local_clipping(self)  # the optimizers exist from here
+        # the optimizers exist from here; Lightning's fp16 plugin holds a GradScaler
+        self.runtime.check_local_clipping(self.optimizers, getattr(self.precision_plugin, "scaler", None) is not None)
 
     @override
     def _configure_launcher(self) -> None:

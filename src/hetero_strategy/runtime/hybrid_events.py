@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from hetero_strategy.config import ConfigError
+
 __all__ = ["HybridEvents"]
 
 
@@ -35,6 +37,20 @@ class HybridEvents:
         """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
         if self.hybrid is not None:
             self.hybrid.before_optimizer_step(optimizer)
+
+    def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
+        """Once the optimizers exist: refuse local clipping where the gradients are still scaled
+        when it runs (``loss_scaled``: fp16 loss scaling; an optimizer that unscales inside its
+        own step, as the fused ones do, leaves them scaled until then)."""
+        norm = None if self.hybrid is None else self.config.hybrid.local_clip_norm
+        if norm is None or not loss_scaled:
+            return
+        for opt in optimizers:
+            if getattr(opt, "_step_supports_amp_scaling", False):  # the flag torch's GradScaler reads
+                raise ConfigError(f"local_clip_norm={norm!r} is invalid with {type(opt).__name__}(fused=True) "
+                                  "under fp16 mixed precision: the optimizer unscales the gradients inside its "
+                                  "step, so the local clipping would act on scaled gradients; pass "
+                                  "local_clip_norm=None, or an optimizer without fused=True")
 
     def join(self) -> None:
         """At the end of this rank's data (each epoch), before evaluating: in a local phase the ranks
