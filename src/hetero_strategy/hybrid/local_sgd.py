@@ -35,9 +35,7 @@ Integer buffers (BatchNorm's ``num_batches_tracked``) stay per rank.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,13 +44,13 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
+from hetero_strategy.hooks.communicator import job_store
 from hetero_strategy.hooks.tiers import device_for
 from hetero_strategy.hybrid.exchange import DeltaExchange, reduce_flat
 
 __all__ = ["LocalSGD", "staleness_weights"]
 
 log = logging.getLogger("hetero_strategy")
-_INSTANCES = itertools.count()  # every rank builds its controllers in the same order
 
 
 def staleness_weights(steps: list[int], samples: list[float], decay: float) -> list[float]:
@@ -98,12 +96,8 @@ class LocalSGD:
         self._phase_samples: list[float] | None = None  # every rank's samples in this phase's syncs
         self.exchange = DeltaExchange(config.delta_density, world_size, group)
         self._store = None
-        if world_size > 1:
-            # NOTE: the default group's own store works with every init method; a prefix per restart
-            # and per controller keeps an earlier attempt's counters out
-            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            self._store = dist.PrefixStore(f"hetero/hybrid/{restart}/{next(_INSTANCES)}/",
-                                           dist.distributed_c10d._get_default_store())
+        if world_size > 1:  # every rank builds its controllers in the same order
+            self._store = job_store("hybrid")
 
     # ---- one local step ------------------------------------------------------------------
     def begin_step(self) -> None:

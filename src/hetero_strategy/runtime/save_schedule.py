@@ -8,25 +8,20 @@ gradient), so every rank reads the key in time.
 
 from __future__ import annotations
 
-import itertools
-import os
 import time
 
-import torch.distributed as dist
+from hetero_strategy.hooks.communicator import job_store
 
 __all__ = ["SaveSchedule"]
 
-_INSTANCES = itertools.count()  # every rank builds its checkpointers in the same order
 
 
 class SaveSchedule:
     def __init__(self, rank: int, every_steps: int | None, every_s: float | None, distributed: bool) -> None:
         self.rank, self.every_steps, self.every_s = rank, every_steps, every_s
         self._store = None
-        if distributed and every_s is not None:
-            # NOTE: the default group's own store works with every init method (env://, tcp://, file://)
-            self._store = dist.PrefixStore(f"hetero/ckpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-                                           f"{next(_INSTANCES)}/", dist.distributed_c10d._get_default_store())
+        if distributed and every_s is not None:  # every rank builds its checkpointers in the same order
+            self._store = job_store("ckpt")
         self._last = time.monotonic()
         self._announced: int | None = None
         self._polled = -1  # the last step this rank was asked about (time-based saves)
