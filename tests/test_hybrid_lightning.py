@@ -203,6 +203,36 @@ def _refusals(rank: int, world: int) -> dict:
     }
 
 
+class _Predicts(Regressor):
+    def forward(self, x):
+        return self.net(x)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+
+def _evaluate_only(rank: int, world: int) -> dict:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hetero_strategy import HeteroStrategy
+
+    # what fit refuses in hybrid mode (validation mid-epoch, step-based checkpoints) has no steps to
+    # break in validate or predict, and a module without validation_step needs no phase schedule
+    strategy = HeteroStrategy(mode="hybrid", batch_sizes=[4, 4])
+    trainer = L.Trainer(strategy=strategy, callbacks=[ModelCheckpoint(every_n_train_steps=2)],
+                        **trainer_kwargs(val_check_interval=0.5, enable_checkpointing=True))
+    metrics = trainer.validate(_Scripted(), loader(make_data(8, seed=2), 2))
+    predicted = trainer.predict(_Predicts(), loader(make_data(8, seed=3), 2))
+    return {"val_loss": metrics[0]["val_loss"], "predicted": sum(len(p) for p in predicted)}
+
+
+def test_validate_and_predict_are_not_held_to_the_fit_refusals():
+    for rank, r in enumerate(run_distributed(_evaluate_only, 2, timeout=60)):
+        assert r["val_loss"] == pytest.approx(MEAN[0] + (1 - 2 * rank) * SPREAD[0])  # each rank's scripted loss
+        assert r["predicted"] == 4  # half of the 8 samples on each rank
+
+
 class _StopsEarly(_Scripted):
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if batch_idx == 2:  # every rank, inside a period: Lightning validates, then ends the run

@@ -25,6 +25,14 @@ class _WithVal(Regressor):
         self.val_seen += len(batch[0])
 
 
+class _Predicts(Regressor):
+    def forward(self, x):
+        return self.net(x)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+
 class _SlowRank1(Regressor):
     """Rank 1 computes 2 ms per sample slower: calibration should shift samples to rank 0."""
 
@@ -108,6 +116,11 @@ def _scenarios(rank: int, world_size: int, tmp: str) -> dict:
     trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 13]), max_steps=1, **trainer_kwargs())
     trainer.validate(model, loader(make_data(10), 2))
     out["val_seen"] = model.val_seen
+    # ... also in a later run of the same trainer (after the first one switched Lightning's
+    # injection off), and trainer.predict shards as Lightning's DDP does (no sample twice)
+    trainer.validate(model, loader(make_data(10), 2))
+    out["val_seen_again"] = model.val_seen
+    out["predicted"] = [len(p) for p in trainer.predict(_Predicts(), loader(make_data(7), 2))]
     return out
 
 
@@ -164,6 +177,9 @@ def test_a_mid_epoch_resume_goes_on_with_the_next_unseen_batch(results):
 
 def test_eval_loaders_are_sharded(results):
     assert [r["val_seen"] for r in results] == [5, 5]
+    assert [r["val_seen_again"] for r in results] == [10, 10]  # 5 more each: still sharded
+    # 7 samples: 4 on rank 0, 3 on rank 1 (Lightning's unrepeated predict sampler), batches of 2
+    assert [r["predicted"] for r in results] == [[2, 2], [2, 1]]
 
 
 def test_online_calibration_moves_shares_and_keeps_semantics(results):

@@ -1,4 +1,5 @@
-"""Lightning's evaluation loaders under hetero: sharded as Lightning's DDP would, keeping shuffle."""
+"""Lightning's loaders under hetero: who places the samplers, and evaluation loaders sharded as
+Lightning's DDP would, keeping shuffle."""
 
 from __future__ import annotations
 
@@ -6,7 +7,28 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-__all__ = ["distributed_eval_loader", "lightning_is_shuffled"]
+__all__ = ["distributed_eval_loader", "lightning_is_shuffled", "take_over_samplers"]
+
+
+def take_over_samplers(trainer: Any) -> bool:
+    """Switch Lightning's sampler injection off where hetero places the samplers; returns the
+    user's ``use_distributed_sampler``.
+
+    Lightning forces shuffling of training data when it injects its DistributedSampler, and the
+    user's ``shuffle`` is lost by then, so hetero places the samplers itself (process_dataloader),
+    following the user's DataLoader. ``trainer.predict()`` has no training data: there Lightning's
+    own (unrepeated, index-tracking) predict sampler stays on.
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    connector = trainer._accelerator_connector
+    # NOTE: read at this trainer's first run: a later test() or predict() on the same trainer would
+    # find the flag switched off by the run before
+    if not hasattr(connector, "_hetero_distributed_sampler"):
+        connector._hetero_distributed_sampler = connector.use_distributed_sampler
+    user = connector._hetero_distributed_sampler
+    connector.use_distributed_sampler = user and trainer.state.fn == TrainerFn.PREDICTING
+    return user
 
 
 def lightning_is_shuffled(loader: DataLoader) -> bool:

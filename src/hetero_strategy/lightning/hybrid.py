@@ -87,7 +87,8 @@ class HybridLoop:
     no-ops in mode="sync"."""
 
     def setup_hybrid(self, trainer: Any) -> None:
-        if self.runtime.hybrid is not None:
+        # NOTE: fit only: validate/test/predict take no local steps, so nothing here applies to them
+        if self.runtime.hybrid is not None and trainer.state.fn == TrainerFn.FITTING:
             require_lightning_internals(trainer)
             check_hybrid_trainer(trainer)
             local_sigterm(trainer)

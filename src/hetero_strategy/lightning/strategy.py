@@ -44,7 +44,11 @@ from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
-from hetero_strategy.lightning.dataloaders import distributed_eval_loader, lightning_is_shuffled
+from hetero_strategy.lightning.dataloaders import (
+    distributed_eval_loader,
+    lightning_is_shuffled,
+    take_over_samplers,
+)
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
 from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor
 from hetero_strategy.lightning.options import (
@@ -200,12 +204,8 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     # ---- setup ---------------------------------------------------------------------------
     @override
     def setup(self, trainer: Any) -> None:
-        # NOTE: Lightning forces shuffling of training data when it injects its DistributedSampler,
-        # and the user's `shuffle` is lost by then. We switch its injection off and place the
-        # samplers ourselves in process_dataloader, following the user's DataLoader.
+        self._use_distributed_sampler = take_over_samplers(trainer)  # placed in process_dataloader
         connector = trainer._accelerator_connector
-        self._use_distributed_sampler = connector.use_distributed_sampler
-        connector.use_distributed_sampler = False
         policy = self.hetero_config.precision.precision_policy
         if policy is not None and connector._precision_flag != "32-true":
             # NOTE: Lightning would silently ignore Trainer(precision=...) beside our plugin
@@ -256,7 +256,7 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
             return self.runtime.train_loader(dataloader, seed=seed, measure=self._measure,
                                              shuffle=lightning_is_shuffled(dataloader),
                                              accumulate=trainer.accumulate_grad_batches)
-        if self._use_distributed_sampler:
+        if self._use_distributed_sampler and trainer.state.stage != RunningStage.PREDICTING:  # Lightning's own
             return distributed_eval_loader(dataloader, self.world_size, self.global_rank, trainer.state.stage)
         return dataloader
 
