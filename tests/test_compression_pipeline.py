@@ -24,7 +24,7 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 11), nn.Tanh(), nn.Linear(11, 3))
 
 
-def _train(rank: int, world: int, method: str) -> dict:
+def _train(rank: int, world: int, method: str, density: float) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero_strategy.hooks import CompressedState, compressed_hooks, topk_hook
@@ -32,15 +32,16 @@ def _train(rank: int, world: int, method: str) -> dict:
 
     init_gloo(rank, world)
     issued, real_issue = [], compressed_hooks.issue_chunk
-    compressed_hooks.issue_chunk = lambda *a: issued.append(1) or real_issue(*a)  # count chunks
+    # count chunks, and those holding sparse and dense parameters at once (decoded both ways)
+    compressed_hooks.issue_chunk = lambda st, c: issued.append(any(c.sparse) and not all(c.sparse)) or real_issue(st, c)
     x = torch.randn(64, 7, generator=torch.Generator().manual_seed(rank))
     y = torch.randn(64, 3, generator=torch.Generator().manual_seed(10 + rank))
-    out, chunks = {}, {}
+    out, chunks, mixed = {}, {}, 0
     for stages in [*STAGES, "side"]:  # "side": 3 stages with side_streams (no streams on the CPU)
         issued.clear()
         model = DistributedDataParallel(_net())
         extra = dict(tiers=["ib", "eth1g"], tier_overrides=OVERRIDES) if method == "tiered" else {}
-        state = CompressedState(method=method, dense_fallback=False, base_density=0.3, min_density=0.05,
+        state = CompressedState(method=method, dense_fallback=False, base_density=density, min_density=0.05,
                                 dense_warmup_steps=1, dense_sync_every=4, side_streams=stages == "side",
                                 pipeline_stages=3 if stages == "side" else stages, **extra)
         state.set_local_batch([16, 48][rank], 64)
@@ -56,13 +57,15 @@ def _train(rank: int, world: int, method: str) -> dict:
             scaler.step(opt)
             opt.zero_grad()
         out[stages] = [p.detach().clone() for p in model.parameters()]
-        chunks[stages] = len(issued)
-    return {"weights": out, "chunks": chunks, "skipped": scaler.skipped_steps}
+        chunks[stages], mixed = len(issued), mixed + sum(issued)
+    return {"weights": out, "chunks": chunks, "mixed": mixed, "skipped": scaler.skipped_steps}
 
 
-@pytest.mark.parametrize("method", ["topk", "tiered"])
-def test_pipelined_exchange_equals_one_chunk_bitwise(method):
-    ranks = run_distributed(_train, 2, method, timeout=180)
+@pytest.mark.parametrize(("method", "density"), [("topk", 0.3), ("tiered", 0.3), ("topk", 0.45)])
+def test_pipelined_exchange_equals_one_chunk_bitwise(method, density):
+    ranks = run_distributed(_train, 2, method, density, timeout=180)
+    if density == 0.45:  # some parameters go dense (cap x W >= n): chunks mixing both kinds
+        assert all(rank["mixed"] > 0 for rank in ranks)
     for rank in ranks:
         assert rank["skipped"] == 1  # the inf step, on both ranks
         for stages in [*STAGES[1:], "side"]:

@@ -237,10 +237,12 @@ def _fused_prepare(rank: int, world: int, clip: float | None) -> str | None:
     accelerator.scaler = torch.amp.GradScaler("cpu")  # Accelerate's fp16 scaler (built on GPUs only)
     plugin = HeteroPlugin(mode="hybrid", local_clip_norm=clip)
     net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, fused=True)
     try:
-        plugin.prepare(accelerator, net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True),
-                       DataLoader(make_data(16), batch_size=4))
+        plugin.prepare(accelerator, net, opt, DataLoader(make_data(16), batch_size=4))
     except ConfigError as e:
+        # refused before any work: nothing hooked into the user's optimizer, the plugin unused
+        assert not opt._optimizer_step_post_hooks and plugin.runtime is None
         return str(e)
     finally:
         plugin.close()

@@ -175,6 +175,59 @@ def test_a_mid_epoch_resume_goes_on_with_the_next_unseen_batch(results):
             torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
 
 
+class _Counts(_Predicts):
+    """Samples seen per kind of run."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def _count(self, kind: str, batch) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + len(batch[0])
+
+    def training_step(self, batch, batch_idx):
+        self._count("train", batch)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self._count("val", batch)
+
+    def test_step(self, batch, batch_idx):
+        self._count("test", batch)
+
+    def predict_step(self, batch, batch_idx):
+        self._count("predict", batch)
+        return super().predict_step(batch, batch_idx)
+
+
+def _runs_of_one_trainer(rank: int, world: int, use_distributed_sampler: bool) -> list:
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 5]), max_epochs=1,
+                        use_distributed_sampler=use_distributed_sampler, **trainer_kwargs())
+    model, seen = _Counts(), []
+    for run in (lambda: trainer.predict(model, loader(make_data(7), 2)),
+                lambda: trainer.fit(model, loader(make_data(16), 4), loader(make_data(10), 2)),
+                lambda: trainer.test(model, loader(make_data(10), 2)),
+                lambda: trainer.predict(model, loader(make_data(7), 2))):
+        run()
+        seen.append(dict(model.counts))
+        model.counts.clear()
+    return seen
+
+
+@pytest.mark.parametrize("use_distributed_sampler", [True, False])
+def test_every_run_of_a_trainer_keeps_the_users_sampler_choice(use_distributed_sampler):
+    ranks = run_distributed(_runs_of_one_trainer, 2, use_distributed_sampler, timeout=120)
+    # training is always hetero's split (3 + 5 of each batch of 8); evaluation as Lightning's DDP does it
+    evaluated = [(4, 5, 5, 4), (3, 5, 5, 3)] if use_distributed_sampler else [(7, 10, 10, 7)] * 2
+    for rank, (predict, fit, test, again), (p, v, t, a) in zip((0, 1), ranks, evaluated):
+        assert (predict, test, again) == ({"predict": p}, {"test": t}, {"predict": a})
+        assert fit == {"train": [6, 10][rank], "val": v}
+
+
 def test_eval_loaders_are_sharded(results):
     assert [r["val_seen"] for r in results] == [5, 5]
     assert [r["val_seen_again"] for r in results] == [10, 10]  # 5 more each: still sharded

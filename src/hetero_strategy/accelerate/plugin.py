@@ -108,9 +108,11 @@ class HeteroPlugin:
             raise ConfigError(f"objects=({kinds}) is invalid for HeteroPlugin.prepare: pass the training "
                               "DataLoader (map-style dataset, batch_size=B) together with the model and optimizer")
         train_loader_batch_size(objects[train_index])  # refuse loaders hetero cannot split, before any work
-        self.accelerator = accelerator
-        self.runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
-                                     info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
+        runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
+                                info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
+        runtime.check_local_clipping([o for o in objects if isinstance(o, torch.optim.Optimizer)],
+                                     getattr(accelerator, "scaler", None) is not None)  # before any work
+        self.accelerator, self.runtime = accelerator, runtime
         rest = [o for i, o in enumerate(objects) if i != train_index]
         prepared = _as_list(accelerator.prepare(*rest)) if rest else []
         model = next((o for o in prepared if isinstance(o, torch.nn.Module)), None)
@@ -206,7 +208,6 @@ class HeteroPlugin:
             # step, after accumulation, and never on a step GradScaler skipped.
             optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
         if self.runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
-            self.runtime.check_local_clipping(self._optimizers, getattr(self.accelerator, "scaler", None) is not None)
             for inner in self._optimizers:
                 inner.register_step_pre_hook(lambda opt, *_: self.runtime.before_optimizer_step(opt))
         if self._gates():
