@@ -115,7 +115,7 @@ class CompressedState(WeightedReduceState):
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
-        self.streams = SideStreams() if config.side_streams else None
+        self.streams = SideStreams(enabled=config.side_streams)
         # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
         # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
         # ones never take that shortcut). A NaN step keeps its old residual while the set says

@@ -49,9 +49,7 @@ def topk_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.
         state = CompressedState(method="tiered", tiers=["ib", "eth1g"])
         ddp_model.register_comm_hook(state, topk_hook)
     """
-    if state.streams is not None:  # side_streams: the body below on a side CUDA stream
-        return state.streams.run(bucket.buffer(), lambda: _topk(state, bucket))
-    return _topk(state, bucket)
+    return state.streams.run(bucket.buffer(), lambda: _topk(state, bucket))  # side_streams: on a side stream
 
 
 def _topk(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -182,9 +180,7 @@ def onebit_hook(state: CompressedState, bucket: dist.GradBucket) -> torch.future
         state = CompressedState(method="onebit")
         ddp_model.register_comm_hook(state, onebit_hook)
     """
-    if state.streams is not None:
-        return state.streams.run(bucket.buffer(), lambda: _onebit(state, bucket))
-    return _onebit(state, bucket)
+    return state.streams.run(bucket.buffer(), lambda: _onebit(state, bucket))
 
 
 def _onebit(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future:

@@ -25,7 +25,7 @@ the plain path and times it. Until that has run, ``side_streams`` is off by defa
 
 Example::
 
-    streams = SideStreams()
+    streams = SideStreams(enabled=config.side_streams)
     fut = streams.run(bucket.buffer(), lambda: topk_exchange(state, bucket))
 """
 
@@ -40,15 +40,17 @@ __all__ = ["SideStreams"]
 
 
 class SideStreams:
-    """One side stream per CUDA device, made at first use."""
+    """One side stream per CUDA device, made at first use; ``enabled=False`` (the default of
+    ``side_streams``) runs every hook body as it is."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._streams: dict[int, torch.cuda.Stream] = {}
 
     def run(self, buffer: torch.Tensor, work: Callable[[], torch.futures.Future]) -> torch.futures.Future:
         """``work()`` (a hook's body) on the side stream of ``buffer``'s device; its future, made
         safe for DDP to wait on from the compute stream."""
-        if buffer.device.type != "cuda":
+        if not self.enabled or buffer.device.type != "cuda":
             return work()
         device = buffer.device
         side = self._streams.get(device.index)
