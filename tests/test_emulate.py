@@ -60,6 +60,8 @@ def _owned_by(pid: int) -> list[str]:
     ({"compute": [1.0, 0.5], "links": ["1gbit", "2gbit", "3gbit"]}, "links="),
     ({"compute": [1.0], "links": ["10gigs"]}, "link='10gigs'"),
     ({"compute": [1.0], "latency_ms": [0]}, "latency="),
+    ({"compute": [1.0], "mtu": 65000}, "mtu=65000 is invalid"),
+    ({"compute": [1.0], "mtu": 1500.0}, "mtu=1500.0 is invalid"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 1]}, "nodes=[1, 1] is invalid"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 2], "links": ["1gbit"] * 3}, "one per node"),
 ])
@@ -106,10 +108,13 @@ def test_simulated_cluster_slows_compute_and_says_so():
 # ---- real isolation ---------------------------------------------------------------------
 @needs_root
 def test_builds_namespaces_links_cgroups_and_removes_them():
-    with EmulatedCluster(compute=[1.0, 0.5], links=["1gbit", "50mbit"], measure=False) as cluster:
+    with EmulatedCluster(compute=[1.0, 0.5], links=["1gbit", "50mbit"], measure=False, mtu=9000) as cluster:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         for net in cluster.nets:
             assert net.netns in names
+            link = subprocess.run(["ip", "-n", net.netns, "link", "show", "veth0"],
+                                  capture_output=True, text=True, check=True).stdout
+            assert " mtu 9000 " in link
             qdisc = subprocess.run(["tc", "-n", net.netns, "qdisc", "show", "dev", "veth0"],
                                    capture_output=True, text=True, check=True).stdout
             assert "tbf" in qdisc
@@ -128,9 +133,10 @@ def test_builds_namespaces_links_cgroups_and_removes_them():
 
 
 @needs_root
-def test_tbf_link_rate_within_20_percent_and_gloo_works_across_namespaces():
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_tbf_link_rate_within_20_percent_and_gloo_works_across_namespaces(mtu):
     n = 3_000_000  # 0.48 s at 50 Mbit/s: much longer than the 32 KiB token bucket burst
-    with EmulatedCluster(compute=[1.0, 1.0], links=["1gbit", "50mbit"]) as cluster:
+    with EmulatedCluster(compute=[1.0, 1.0], links=["1gbit", "50mbit"], mtu=mtu) as cluster:
         assert cluster.measured_mbit[1] == pytest.approx(50, rel=0.2)
         recv = subprocess.Popen(cluster._argv(1, [PY, "-c", _RECV.format(n=n)]), stdout=subprocess.PIPE, text=True)
         try:

@@ -49,10 +49,10 @@ class EmulatedCluster:
 
     def __init__(self, compute: Sequence[float], links: Sequence[str] | None = None,
                  latency_ms: Sequence[float] | None = None, simulate: bool = False, measure: bool = True,
-                 nodes: Sequence[int] | None = None) -> None:
+                 nodes: Sequence[int] | None = None, mtu: int = 1500) -> None:
         self.spec = ClusterSpec(compute=list(compute), links=None if links is None else list(links),
                                 latency_ms=None if latency_ms is None else list(latency_ms), simulate=simulate,
-                                nodes=None if nodes is None else list(nodes))
+                                nodes=None if nodes is None else list(nodes), mtu=mtu)
         self.measure = measure
         self.tag = f"{os.getpid()}-{next(_COUNTER)}"
         cpus = sorted(os.sched_getaffinity(0))
@@ -89,7 +89,7 @@ class EmulatedCluster:
         try:
             firsts = self.spec.node_firsts  # one namespace per node (per rank without nodes=)
             per_ns = netns.build_network(self.tag, [self.spec.rates_bps[k] for k in firsts],
-                                         [self.spec.latency_ms[k] for k in firsts])
+                                         [self.spec.latency_ms[k] for k in firsts], self.spec.mtu)
             self.nets = [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
             self.cgroups = [CpuCgroup(f"{netns.PREFIX}{self.tag}-r{k}", f) for k, f in enumerate(self.spec.compute)]
             if self.measure:
@@ -256,7 +256,7 @@ class EmulatedCluster:
             "link": self.spec.links[k] if not self.spec.simulate else "unshaped (simulated)",
             "tier": self.spec.tier(k), "address": "127.0.0.1" if self.spec.simulate else self.nets[k].addr,
             "netns": None if self.spec.simulate else self.nets[k].netns,
-            "measured_mbit_s": self.measured_mbit[k],
+            "measured_mbit_s": self.measured_mbit[k], "mtu": None if self.spec.simulate else self.spec.mtu,
         } for k in range(self.spec.nproc)]
 
 

@@ -59,8 +59,9 @@ def rank_ns(tag: str, rank: int) -> str:
     return f"{PREFIX}{tag}-r{rank}"
 
 
-def build_network(tag: str, rates_bps: list[float | None], latency_ms: list[float]) -> list[RankNet]:
-    """Create the bridge namespace and one shaped namespace per rank; returns each rank's address."""
+def build_network(tag: str, rates_bps: list[float | None], latency_ms: list[float], mtu: int = 1500) -> list[RankNet]:
+    """Create the bridge namespace and one shaped namespace per rank, every veth at ``mtu`` bytes;
+    returns each rank's address."""
     if len(rates_bps) > 250:
         raise ValueError(f"nproc={len(rates_bps)} is invalid: the emulator's /24 subnet holds at most 250 ranks")
     br = bridge_ns(tag)
@@ -76,10 +77,10 @@ def build_network(tag: str, rates_bps: list[float | None], latency_ms: list[floa
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         # The veth is born inside the bridge namespace with its peer inside the rank's namespace.
         sh("ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", RANK_IFNAME, "netns", ns)
-        sh("ip", "-n", br, "link", "set", port, "master", "br0")
+        sh("ip", "-n", br, "link", "set", port, "mtu", str(mtu), "master", "br0")
         sh("ip", "-n", br, "link", "set", port, "up")
         sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", RANK_IFNAME)
-        sh("ip", "-n", ns, "link", "set", RANK_IFNAME, "up")
+        sh("ip", "-n", ns, "link", "set", RANK_IFNAME, "mtu", str(mtu), "up")
         if rate is not None:
             shape(tag, k, rate, latency_ms[k])
         nets.append(RankNet(k, ns, RANK_IFNAME, addr, rate))

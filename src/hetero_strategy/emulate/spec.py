@@ -1,4 +1,5 @@
-"""What an emulated cluster looks like: per-rank compute factor, nodes, link rate and queueing latency."""
+"""What an emulated cluster looks like: per-rank compute factor, nodes, link rate, queueing latency
+and the links' MTU."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class ClusterSpec:
     loopback, as over NVLink) and one link, and get torchrun's per-node variables (GROUP_RANK,
     LOCAL_RANK, LOCAL_WORLD_SIZE). ``links`` and ``latency_ms`` then give one entry per node. None:
     every rank is its own namespace on one torchrun "node" (the default)."""
+    mtu: int = 1500
+    """Every veth's MTU in bytes, 576-9000. Each packet costs the receiving rank kernel work that
+    its CPU quota pays for, where a real NIC would do it; at 9000 (jumbo frames, as datacenter
+    links run) that cost is a sixth of 1500's, so codec work beside a transfer slows less."""
     rates_bps: list[float | None] = field(init=False, default_factory=list)
     node_of: list[int] = field(init=False, default_factory=list)
 
@@ -66,6 +71,10 @@ class ClusterSpec:
         if len(lat) != owners or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in lat):
             raise ValueError(f"latency={self.latency_ms!r} is invalid: give 1 or {owners} positive values in ms")
         self.latency_ms = [float(lat[k] if self.nodes is None else lat[self.node_of[k]]) for k in range(n)]
+        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not 576 <= self.mtu <= 9000:
+            # NOTE: the upper bound keeps a packet inside tbf's smallest burst (32 KiB, netns.tbf_args)
+            raise ValueError(f"mtu={self.mtu!r} is invalid: give whole bytes in [576, 9000], e.g. 1500 (Linux's "
+                             "default) or 9000 (jumbo frames)")
 
     def _nodes(self, n: int) -> list[int]:
         if self.nodes is None:
