@@ -208,6 +208,19 @@ def test_crashed_rank_stops_the_others_and_timeout_is_bounded():
     assert _mine(cluster) == []
 
 
+@needs_root
+def test_cli_mtu_reaches_the_ranks_links_and_a_bad_one_is_refused():
+    show = "import subprocess; print(subprocess.run(['ip', 'link', 'show', 'veth0'], capture_output=True, text=True).stdout)"
+    cmd = [PY, "-m", "hetero_strategy.cli", "emulate", "--no-measure", "--compute", "1.0,1.0", "--link", "1gbit"]
+    ok = subprocess.run([*cmd, "--mtu", "9000", "--", PY, "-c", show], check=False, capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count(" mtu 9000 ") == 2  # both ranks' veths
+    bad = subprocess.run([*cmd, "--mtu", "16000", "--", PY, "-c", "pass"], check=False, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "mtu=16000 is invalid" in bad.stderr and "9000" in bad.stderr
+
+
 def _start_cli(*extra: str) -> subprocess.Popen:
     cmd = [PY, "-m", "hetero_strategy.cli", "emulate", "--no-measure", "--compute", "1.0,0.5", *extra,
            "--", PY, "-c", "import time; time.sleep(120)"]
