@@ -227,14 +227,15 @@ def test_one_process_runs_hybrid_as_plain_sgd():
         torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
 
 
-def _fused_prepare(rank: int, world: int, clip: float | None) -> str | None:
+def _fused_prepare(rank: int, world: int, clip: float | None, scaled: tuple[int, ...] = (0, 1)) -> str | None:
     from accelerate import Accelerator
 
     from hetero_strategy.accelerate import HeteroPlugin
     from hetero_strategy.config import ConfigError
 
     accelerator = Accelerator(cpu=True)
-    accelerator.scaler = torch.amp.GradScaler("cpu")  # Accelerate's fp16 scaler (built on GPUs only)
+    if rank in scaled:
+        accelerator.scaler = torch.amp.GradScaler("cpu")  # Accelerate's fp16 scaler (built on GPUs only)
     plugin = HeteroPlugin(mode="hybrid", local_clip_norm=clip)
     net = make_net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1, fused=True)
@@ -253,3 +254,10 @@ def test_local_clipping_beside_a_fused_fp16_optimizer_is_refused_at_prepare():
     for message in run_distributed(_fused_prepare, 2, 1.0, timeout=60):
         assert message.startswith("local_clip_norm=1.0 is invalid with SGD(fused=True) under fp16")
     assert run_distributed(_fused_prepare, 2, None, timeout=60) == [None, None]  # the fix it names
+
+
+def test_local_clipping_refusal_stops_every_rank_when_only_one_scales():
+    """Per-machine settings: fp16 on rank 1 only. Rank 0 alone sees nothing wrong, yet it must stop
+    too, with the rank named, instead of hanging at its next collective."""
+    for message in run_distributed(_fused_prepare, 2, 1.0, (1,), timeout=60):
+        assert message.startswith("local_clip_norm=1.0 is invalid with ") and "on rank(s) [1]" in message

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from hetero_strategy.balance.probe import all_gather_floats
 from hetero_strategy.config import ConfigError
 
 __all__ = ["HybridEvents"]
@@ -41,16 +42,25 @@ class HybridEvents:
     def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
         """Once the optimizers exist: refuse local clipping where the gradients are still scaled
         when it runs (``loss_scaled``: fp16 loss scaling; an optimizer that unscales inside its
-        own step, as the fused ones do, leaves them scaled until then)."""
+        own step, as the fused ones do, leaves them scaled until then).
+
+        Collective in hybrid mode with ``local_clip_norm`` set: every rank raises if any rank
+        must, so a rank whose precision differs (per-machine settings) does not leave the others
+        hanging at their next collective.
+        """
         norm = None if self.hybrid is None else self.config.hybrid.local_clip_norm
-        if norm is None or not loss_scaled:
+        if norm is None:
             return
-        for opt in optimizers:
-            if getattr(opt, "_step_supports_amp_scaling", False):  # the flag torch's GradScaler reads
-                raise ConfigError(f"local_clip_norm={norm!r} is invalid with {type(opt).__name__}(fused=True) "
-                                  "under fp16 mixed precision: the optimizer unscales the gradients inside its "
-                                  "step, so the local clipping would act on scaled gradients; pass "
-                                  "local_clip_norm=None, or an optimizer without fused=True")
+        # the flag torch's GradScaler reads: the optimizer unscales inside its own step
+        fused = [type(o).__name__ for o in optimizers if getattr(o, "_step_supports_amp_scaling", False)]
+        mine = 1.0 if loss_scaled and fused else 0.0
+        ranks = [r for r, (flag,) in enumerate(all_gather_floats([mine])) if flag]
+        if ranks:
+            name = f"{fused[0]}(fused=True)" if mine else "a fused optimizer"
+            raise ConfigError(f"local_clip_norm={norm!r} is invalid with {name} under fp16 mixed "
+                              f"precision (on rank(s) {ranks}): the optimizer unscales the gradients inside its "
+                              "step, so the local clipping would act on scaled gradients; pass "
+                              "local_clip_norm=None, or an optimizer without fused=True")
 
     def join(self) -> None:
         """At the end of this rank's data (each epoch), before evaluating: in a local phase the ranks
