@@ -8,7 +8,9 @@ Sections (each one runs even if another failed; its error is kept in the JSON):
   through DDP on this device as a world of 1 (NCCL on CUDA; the collectives really run): steps
   run, gradients finite, with density 1 equal to the plain gradient, the ``*_side`` variants
   (``side_streams=True``) bitwise equal to their plain twins, and on CUDA one more step under
-  ``torch.cuda.set_sync_debug_mode("error")`` (``host_sync_free``: no host sync in the step);
+  ``torch.cuda.set_sync_debug_mode("error")`` (``host_sync_free``: no host sync in the step) and
+  one under ``torch.profiler``, counting the CUDA calls that block the host (``sync_calls``; the
+  debug mode does not see event syncs): a hook of ours may make no more of them than plain DDP;
 * ``autocast`` — bf16 and fp16 policies: forward/backward under autocast, loss scaling, dtypes;
   On CUDA the pipelined Top-K and onebit side variants run once more with the side stream
   sleeping ~10 ms per bucket (``*_delayed``), so a missing stream wait changes the gradients;
@@ -124,6 +126,25 @@ def _sync_free(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch
         torch.cuda.set_sync_debug_mode(0)
 
 
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def _sync_calls(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
+    """One more step under the profiler: how often each host-blocking CUDA call ran (CUDA only)."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _steps(model, x, y, 1, sync=False)
+        torch.cuda.synchronize(device)
+        counts = {e.key: e.count for e in prof.key_averages() if e.key in SYNC_CALLS}
+        return {"sync_calls": counts, "sync_calls_total": sum(counts.values())}
+    except Exception as e:  # noqa: BLE001 - NOTE: a profiler failure is a finding, not the section's end
+        return {"sync_calls_error": f"{type(e).__name__}: {e}"}
+
+
 def _hooks(device: torch.device) -> dict:
     x = torch.randn(32, 64, device=device)
     y = torch.randint(0, 10, (32,), device=device)
@@ -142,6 +163,7 @@ def _hooks(device: torch.device) -> dict:
         if name in SIDE:  # the same steps on a side stream: bitwise the plain path's gradients
             row["equals_plain_path"] = all(torch.equal(a, b) for a, b in zip(grads[name], grads[name[:-5]]))
         row.update(_sync_free(model, x, y, device) if fields.get("compression") != "none" else {})
+        row.update(_sync_calls(model, x, y, device))
         out[name] = row
         if name in DELAYED and device.type == "cuda":
             model = _ddp(_net(device), fields, device, delay_side=True)
@@ -150,9 +172,11 @@ def _hooks(device: torch.device) -> dict:
             out[f"{name}_delayed"] = {"finite": all(bool(torch.isfinite(g).all()) for g in late),
                                       "equals_plain_path": all(torch.equal(a, b) for a, b in zip(late, grads[name[:-5]]))}
     ours = ("topk", "tiered", "onebit")  # the hooks whose steps must not sync the host
+    plain_syncs = out["none"].get("sync_calls_total", 0)  # what DDP itself blocks on in a step
     problems = [name for name, row in out.items() if not row["finite"] or False in (
         row.get("equals_plain"), row.get("equals_plain_path"),
-        row.get("host_sync_free") if name.startswith(ours) else None)]
+        row.get("host_sync_free") if name.startswith(ours) else None)
+        or (name.startswith(ours) and row.get("sync_calls_total", 0) > plain_syncs)]
     return {"backend": dist.get_backend(), "hooks": out, "problems": problems}
 
 
