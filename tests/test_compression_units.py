@@ -223,3 +223,26 @@ def test_clip_norm_bounds_the_global_norm_before_compression() -> None:
     want_big = big * (2.0 * math.sqrt(30 / 100) / big.norm())  # clipped
     torch.testing.assert_close(got, torch.cat([want_big, small]), rtol=1e-5, atol=1e-6)  # small: untouched
     assert got.norm() <= 2.0 + 1e-5
+
+
+@pytest.mark.parametrize(("codec_over_comm", "want"), [(0.1, 2), (0.9, 2), (2.5, 4), (2.9, 4), (7.5, 8), (100.0, 8)])
+def test_auto_stages_follow_the_measured_codec_and_link(codec_over_comm, want) -> None:
+    """pipeline_stages="auto": N = ceil(T_codec / T_comm) + 1, bounded to 1-8, from the measured cost.
+    Hand-built: 1M entries sent as 10k values + indices from each of 2 ranks over 4e8 B/s."""
+    from hetero_strategy.hooks.cost import CompressionCost
+
+    state = CompressedState(method="topk")
+    state.world = 2
+    t_comm = 4.0 * 10_000 * 2 / 4e8  # the gather's bytes over the link
+    state.cost = CompressionCost(link_bytes_per_s=4e8, codec_s_per_entry=codec_over_comm * t_comm / 1_000_000)
+    assert state.stages_for([1_000_000], [True], [10_000]) == want
+    assert state.stages_for([1_000_000], [False], [1_000_000]) == 1  # nothing to encode: no pipeline
+    fixed = CompressedState(method="topk", pipeline_stages=3)
+    fixed.cost = state.cost
+    assert fixed.stages_for([1_000_000], [True], [10_000]) == 3
+
+
+def test_auto_stages_without_a_measurement_do_not_pipeline() -> None:
+    """dense_fallback=False (or a world of 1) measures nothing: one chunk."""
+    state = CompressedState(method="topk", dense_fallback=False)
+    assert state.cost is None and state.stages_for([1_000_000], [True], [10_000]) == 1
