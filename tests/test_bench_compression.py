@@ -72,3 +72,4 @@ def test_overlap_bench_runs_on_loopback(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["stages"]) == {"1", "3"} and report["setup"]["link"] == "loopback"
     assert report["codec_beside_exchange_s"] > 0 and report["stages"]["3"]["codec_s"] > 0
+    assert 1 <= report["setup"]["auto_stages"] <= 8 and report["setup"]["mtu"] is None

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                                                "statistics": "medians over rounds; spreads [min, max]"}}
     out.write_text(json.dumps(result, indent=2))
     print(f"codec {summary['codec_s']:.3f} s ({summary['codec_beside_exchange_s']:.3f} s beside an exchange), "
-          f"exchange {summary['comm_s']:.3f} s in one chunk ({link}{'' if args.local else f', MTU {args.mtu}'})")
+          f"exchange {summary['comm_s']:.3f} s in one chunk ({link}{'' if args.local else f', MTU {args.mtu}'}); "
+          f"pipeline_stages='auto' picks {raw['setup']['auto_stages']}")
     for s, v in summary["stages"].items():
         print(f"  {s} stage(s): codec {v['codec_s']:.3f} s, exchange {v['comm_s']:.3f} s, hook {v['hook_s']:.3f} s, "
               f"overlap efficiency {v['efficiency']:.2f} [{v['efficiency_spread'][0]:.2f}, "

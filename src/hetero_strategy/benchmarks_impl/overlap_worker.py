@@ -79,6 +79,11 @@ def _measure(args: argparse.Namespace) -> dict:
                                  min_density=args.density, density_schedule="constant", dense_warmup_steps=1,
                                  dense_sync_every=0, pipeline_stages=s) for s in counts}
 
+    # what pipeline_stages="auto" picks for this bucket, from the link and codec it measures (collective)
+    auto = CompressedState(method="topk", base_density=args.density, min_density=args.density,
+                           density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0)
+    auto_stages = auto.stages_for(sizes, *[auto.plan(1, sizes)[i] for i in (0, 2)])
+
     def bucket() -> _Bucket:
         return _Bucket(grad.clone(), sizes, params)
 
@@ -121,7 +126,8 @@ def _measure(args: argparse.Namespace) -> dict:
     out = {k: v[1:] for k, v in out.items()}
     out["codec_s"], out["comm_s"] = out["codec_s_stages_1"], out["comm_s_stages_1"]
     out["setup"] = {"numel": sum(sizes), "params": args.params, "density": args.density,
-                    "world": dist.get_world_size(), "bytes_per_rank": states[1].last_bytes_sent}
+                    "world": dist.get_world_size(), "bytes_per_rank": states[1].last_bytes_sent,
+                    "auto_stages": auto_stages}
     return out
 
 if __name__ == "__main__":
