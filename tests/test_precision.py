@@ -142,10 +142,42 @@ def test_names_lists_mappings_and_cpu():
         resolve_dtype(["bf16", "fp32"], 0, 3, a100)
 
 
+@pytest.mark.parametrize("name, capability, want, why", [
+    ("NVIDIA A100-SXM4-80GB", (8, 0), "fp32", "'A100'"),  # a name part wins over the capability
+    ("NVIDIA A10", (8, 6), "fp16", "'A10'"),               # "A10" is not a part of "A100"
+    ("NVIDIA L40S", (8, 9), "bf16", "'default'"),          # nor "L4" of "L40S"
+    ("NVIDIA GeForce RTX 3090", (8, 6), "fp16", "'RTX 3090'"),  # two words in a row
+    ("NVIDIA GeForce RTX 3080", (8, 6), "bf16", "'8.6'"),  # YAML's unquoted 8.6, a float key
+    ("Tesla V100-SXM2-16GB", (7, 0), "fp16", "'7.0'"),
+])
+def test_mapping_keys_match_whole_words_most_specific_first(name, capability, want, why):
+    import yaml
+
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.precision.policy import choose_dtype
+
+    text = "precision: {precision_policy: {7.0: fp16, 8.6: bf16, A100: fp32, 8.0: bf16, A10: fp16, L4: fp16, " \
+           "RTX 3090: fp16, default: bf16}}"
+    policy = HeteroConfig.from_dict(yaml.safe_load(text)).precision.precision_policy
+    dtype, reason = choose_dtype(policy, 0, 1, DeviceInfo("cuda", name, capability))
+    assert (dtype, reason) == (want, f"precision_policy key {why}")
+
+
+def test_two_name_parts_of_one_device_are_refused_as_ambiguous():
+    a100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
+    with pytest.raises(ConfigError, match=r"keys \['A100', 'SXM4'\] are ambiguous"):
+        resolve_dtype({"A100": "bf16", "SXM4": "fp16"}, 0, 1, a100)
+    assert resolve_dtype({"A100": "fp16", "A100 SXM4": "bf16"}, 0, 1, a100) == "bf16"  # the longer part
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(precision_policy="fp8"), "precision_policy='fp8' is invalid"),
     (dict(precision_policy=["bf16", "int8"]), r"precision_policy\[1\]='int8' is invalid"),
     (dict(precision_policy={"V100": "half"}), "precision_policy.V100='half' is invalid"),
+    (dict(precision_policy={7: "fp16"}), r"precision_policy key=7 is invalid: .*7\.0, not 7"),
+    (dict(precision_policy={"8": "fp16"}), "precision_policy key='8' is invalid: a capability is major.minor"),
+    (dict(precision_policy={"defualt": "fp16"}), "key='defualt' is invalid: did you mean 'default'"),
+    (dict(precision_policy={7.0: "fp16", "7.0": "bf16"}), "two keys name the same capability"),
     (dict(backoff_factor=1.5), "backoff_factor=1.5 is invalid"),
     (dict(growth_interval=0), "growth_interval=0 is invalid"),
 ])

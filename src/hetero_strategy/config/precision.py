@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
 from hetero_strategy.config.errors import _fail
 
-__all__ = ["DTYPE_NAMES", "PrecisionConfig"]
+__all__ = ["CAPABILITY_KEY", "DTYPE_NAMES", "PrecisionConfig"]
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
+CAPABILITY_KEY = re.compile(r"^\d+\.\d$")  # a compute capability, major.minor
 
 
 @dataclass(kw_only=True, slots=True)
@@ -25,8 +28,9 @@ class PrecisionConfig:
     precision_policy: str | list[str] | dict[str, str] | None = None
     """None (the framework decides); "auto" (bf16 on compute capability >= 8.0, fp16 + loss scaling
     on 7.x, fp32 below and on CPU); one of bf16/fp16/fp32 for every rank; a list with one per rank;
-    or a mapping from a device-name part ("V100") or a capability ("7.0") to a dtype, with an
-    optional "default" key (else "auto" decides)."""
+    or a mapping from a device-name part ("V100", "RTX 3090": whole words of the name) or a
+    capability ("7.0") to a dtype, with an optional "default" key (else "auto" decides). A name
+    part wins over a capability, and the longest matching part over shorter ones."""
     keep_fp32: list[str] = field(default_factory=lambda: ["LayerNorm", "Softmax"])
     """Module class names that always run in fp32 under autocast."""
     init_scale: float = 2.0**16
@@ -51,7 +55,11 @@ class PrecisionConfig:
                 if v not in DTYPE_NAMES:
                     _fail(f"precision_policy[{i}]", v, f"use one of {', '.join(DTYPE_NAMES)}")
         elif isinstance(policy, dict):
-            for key, v in policy.items():
+            keys = [_policy_key(k) for k in policy]
+            if len(set(keys)) != len(keys):
+                _fail("precision_policy", policy, "two keys name the same capability; keep one")
+            self.precision_policy = dict(zip(keys, policy.values()))
+            for key, v in self.precision_policy.items():
                 if v not in (*DTYPE_NAMES, "auto"):
                     _fail(f"precision_policy.{key}", v, f"use auto or one of {', '.join(DTYPE_NAMES)}")
         elif policy is not None:
@@ -71,6 +79,24 @@ class PrecisionConfig:
     def _check_positive(name: str, value: Any) -> None:
         if not _number(value) or not value > 0:
             _fail(name, value, "must be a positive number")
+
+
+def _policy_key(key: Any) -> str:
+    """A mapping key as the policy reads it: "default", a capability "M.m" (YAML's unquoted 7.0 is
+    a float), or a device-name part; anything else is refused here rather than never matching."""
+    if isinstance(key, float) and not isinstance(key, bool) and key >= 0:
+        key = f"{int(key)}.{round((key - int(key)) * 10)}"
+    if not isinstance(key, str) or not key.strip():
+        _fail("precision_policy key", key, "use a device-name part ('V100'), a compute capability major.minor "
+              "(7.0, not 7) or 'default'")
+    if CAPABILITY_KEY.match(key) or key == "default":
+        return key
+    if get_close_matches(key.lower(), ["default"], n=1, cutoff=0.75):
+        _fail("precision_policy key", key, "did you mean 'default'?")
+    if not re.search(r"[A-Za-z]", key):
+        _fail("precision_policy key", key, "a capability is major.minor ('7.0', not '7'); a device-name part "
+              "has a letter ('V100', 'RTX 3090')")
+    return key
 
 
 def _number(v: Any) -> bool:

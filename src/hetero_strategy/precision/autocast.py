@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hetero_strategy.precision.policy import TORCH_DTYPES, auto_dtype, describe_device, resolve_dtype
+from hetero_strategy.precision.policy import TORCH_DTYPES, choose_dtype, describe_device
 from hetero_strategy.precision.scaler import CoordinatedScaler
 
 __all__ = ["RankPrecision"]
@@ -43,11 +43,10 @@ class RankPrecision:
     def build(cls, config, rank: int, world: int, device: torch.device, info=None) -> RankPrecision:
         """From a PrecisionConfig; ``info`` (a DeviceInfo) overrides what the device reports."""
         info = info or describe_device(device)
-        dtype = resolve_dtype(config.precision_policy, rank, world, info)
+        dtype, why = choose_dtype(config.precision_policy, rank, world, info)
         scaler = CoordinatedScaler(dtype == "fp16", config.init_scale, config.growth_factor,
                                    config.backoff_factor, config.growth_interval)
         rp = cls(dtype, device.type, scaler, tuple(config.keep_fp32))
-        why = f"auto would pick {auto_dtype(info)}" if config.precision_policy != "auto" else "auto"
         cap = "" if info.capability is None else " (compute capability {}.{})".format(*info.capability)
         message = (f"hetero_strategy: rank {rank} autocasts in {dtype}"
                    f"{' with loss scaling' if dtype == 'fp16' else ''} on {info.name}{cap}; {why}")

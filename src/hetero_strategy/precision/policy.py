@@ -8,17 +8,21 @@ Example::
 
     resolve_dtype("auto", rank=0, world=2, device=DeviceInfo("cuda", "Tesla V100", (7, 0)))  # 'fp16'
     resolve_dtype({"V100": "fp32", "default": "bf16"}, 0, 2, DeviceInfo("cuda", "A100", (8, 0)))  # 'bf16'
+    choose_dtype({"A100": "fp32", "8.0": "bf16"}, 0, 2, DeviceInfo("cuda", "NVIDIA A100-SXM4", (8, 0)))
+    # ('fp32', "precision_policy key 'A100'"): a name part is more specific than a capability
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 from hetero_strategy.config import ConfigError
+from hetero_strategy.config.precision import CAPABILITY_KEY
 
-__all__ = ["DeviceInfo", "auto_dtype", "describe_device", "resolve_dtype"]
+__all__ = ["DeviceInfo", "auto_dtype", "choose_dtype", "describe_device", "resolve_dtype"]
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -50,24 +54,45 @@ def auto_dtype(info: DeviceInfo) -> str:
 
 def resolve_dtype(policy, rank: int, world: int, info: DeviceInfo) -> str:
     """This rank's dtype name under ``policy`` (validated by PrecisionConfig; None means fp32)."""
+    return choose_dtype(policy, rank, world, info)[0]
+
+
+def choose_dtype(policy, rank: int, world: int, info: DeviceInfo) -> tuple[str, str]:
+    """This rank's dtype name and why (for the start-up line): which rule or mapping key decided.
+
+    A mapping is read most specific first: a device-name part (whole words of the device's name,
+    so "A10" is not an A100 and "L4" not an L40S; the longest matching part wins), then the
+    compute capability ("7.0"), then "default", else auto.
+    """
     if policy is None:
-        return "fp32"
+        return "fp32", "no policy"
     if isinstance(policy, str):
-        return auto_dtype(info) if policy == "auto" else policy
+        return (auto_dtype(info), "auto") if policy == "auto" else (policy, f"auto would pick {auto_dtype(info)}")
     if isinstance(policy, (list, tuple)):
         if len(policy) != world:
             raise ConfigError(f"precision_policy={list(policy)!r} is invalid: {len(policy)} entries for {world} "
                               "ranks; give one dtype per rank")
-        return policy[rank]
-    if info.capability is not None:
-        cap = f"{info.capability[0]}.{info.capability[1]}"
-        if cap in policy:
-            return _named(policy[cap], info)
-    for key, value in policy.items():
-        if key != "default" and key.lower() in info.name.lower():
-            return _named(value, info)
-    return _named(policy.get("default", "auto"), info)
+        return policy[rank], f"entry {rank} of the list; auto would pick {auto_dtype(info)}"
+    name = _words(info.name)
+    parts = [k for k in policy if k != "default" and not CAPABILITY_KEY.match(k) and _contains(name, _words(k))]
+    longest = max((len(_words(k)) for k in parts), default=0)
+    best = [k for k in parts if len(_words(k)) == longest]
+    if len(best) > 1:
+        raise ConfigError(f"precision_policy keys {best!r} are ambiguous: each names a part of device "
+                          f"{info.name!r}; keep one, or write more of the name (e.g. {info.name!r})")
+    cap = None if info.capability is None else f"{info.capability[0]}.{info.capability[1]}"
+    key = best[0] if best else cap if cap in policy else "default" if "default" in policy else None
+    if key is None:
+        return auto_dtype(info), "no precision_policy key matched: auto"
+    value = policy[key]
+    return (auto_dtype(info) if value == "auto" else value), f"precision_policy key {key!r}"
 
 
-def _named(value: str, info: DeviceInfo) -> str:
-    return auto_dtype(info) if value == "auto" else value
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _contains(name: list[str], part: list[str]) -> bool:
+    """Whether the words ``part`` occur in a row inside ``name``."""
+    n = len(part)
+    return n > 0 and any(name[i:i + n] == part for i in range(len(name) - n + 1))
