@@ -90,6 +90,9 @@ def test_chunks_cover_the_bucket_at_parameter_boundaries():
 def test_bad_stage_counts_are_refused():
     with pytest.raises(ConfigError, match="pipeline_stages=9 is invalid"):
         CompressionConfig(method="topk", pipeline_stages=9)
+    for method in ("none", "fp16", "bf16", "powersgd", "onebit"):  # accepted there, it would do nothing
+        with pytest.raises(ConfigError, match=f"pipeline_stages=4 is invalid: .*not compression='{method}'"):
+            CompressionConfig(method=method, pipeline_stages=4)
 
 
 def test_side_streams_without_a_codec_are_refused():

@@ -118,6 +118,9 @@ class CompressionConfig:
         if self.pipeline_stages != "auto" and (isinstance(self.pipeline_stages, bool) or not isinstance(
                 self.pipeline_stages, int) or not 1 <= self.pipeline_stages <= 8):
             _fail("pipeline_stages", self.pipeline_stages, "use auto or an integer from 1 (no pipelining) to 8")
+        if self.pipeline_stages != "auto" and self.method not in ("topk", "tiered"):
+            _fail("pipeline_stages", self.pipeline_stages, f"stages chunk the Top-K exchange of topk or tiered, "
+                  f"not compression={self.method!r}; drop pipeline_stages")
         if not isinstance(self.side_streams, bool):
             _fail("side_streams", self.side_streams, "must be true or false")
         if self.side_streams and self.method not in ("topk", "tiered", "onebit"):
