@@ -70,6 +70,8 @@ CLI = [
     ("bench balance --link 10gbit,1gbit,5gbit", "--link="), ("bench accelerate --models bogus", "'bogus' is unknown"),
     ("bench accelerate --batch 0", "--batch"), ("bench overlap --stages 0", "--stages"),
     ("bench overlap --density 2", "--density"), ("bench overlap --numel 0", "--numel"),
+    ("bench overlap --local --mtu 9000", "--mtu=9000 is invalid with --local"),
+    ("emulate --simulate --mtu 9000 -- true", "mtu=9000 is invalid with simulate=True"),
     ("bench lengths --compute 2,1", "--compute"), ("bench lengths --steps 3 --measure 5", "--measure=5"),
     ("config --num-processes zero --defaults", "num_processes='zero'"),
     ("config --compression bogus --defaults", "bogus"), ("config --answers /nonexistent.yaml", "/nonexistent.yaml"),

@@ -62,6 +62,7 @@ def _owned_by(pid: int) -> list[str]:
     ({"compute": [1.0], "latency_ms": [0]}, "latency="),
     ({"compute": [1.0], "mtu": 65000}, "mtu=65000 is invalid"),
     ({"compute": [1.0], "mtu": 1500.0}, "mtu=1500.0 is invalid"),
+    ({"compute": [1.0], "mtu": 9000, "simulate": True}, "mtu=9000 is invalid with simulate=True"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 1]}, "nodes=[1, 1] is invalid"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 2], "links": ["1gbit"] * 3}, "one per node"),
 ])

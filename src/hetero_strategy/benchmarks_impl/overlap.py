@@ -35,9 +35,9 @@ _WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
     parser.add_argument("--link", type=rates, default="100mbit", help="emulated link rate of both ranks")
-    parser.add_argument("--mtu", type=count(576), default=9000,
-                        help="the emulated links' MTU: at Linux's 1500 the kernel's per-packet work, which a "
-                             "real NIC does, takes CPU from the codec beside a transfer")
+    parser.add_argument("--mtu", type=count(576), default=None,
+                        help="the emulated links' MTU (default 9000): at Linux's 1500 the kernel's per-packet "
+                             "work, which a real NIC does, takes CPU from the codec beside a transfer")
     parser.add_argument("--rounds", type=count(1), default=7, help="alternating rounds (the first is dropped)")
     parser.add_argument("--numel", type=count(1024), default=1 << 24, help="entries in the synthetic bucket")
     parser.add_argument("--density", type=number(0.0, 1.0, what="a density"), default=0.02, help="Top-K density")
@@ -76,6 +76,10 @@ def summarise(raw: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.local and args.mtu is not None:
+        print(f"--mtu={args.mtu} is invalid with --local: loopback has no emulated links; drop one of them")
+        return 2
+    mtu = None if args.local else args.mtu or 9000
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,19 +93,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             from hetero_strategy.emulate import EmulatedCluster
 
-            with EmulatedCluster(compute=[1.0, 1.0], links=[args.link, args.link], mtu=args.mtu) as cluster:
+            with EmulatedCluster(compute=[1.0, 1.0], links=[args.link, args.link], mtu=mtu) as cluster:
                 result = cluster.run(argv, timeout=900)
             if not result.ok:
                 raise RuntimeError(f"overlap bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
         raw = json.loads(Path(path).read_text())
     summary = summarise(raw)
     link = "loopback" if args.local else f"emulated {args.link}"
-    result = {**summary, "raw": raw, "setup": {**raw["setup"], "link": link, "mtu": None if args.local else args.mtu,
+    result = {**summary, "raw": raw, "setup": {**raw["setup"], "link": link, "mtu": mtu,
                                                "rounds": args.rounds,
                                                "statistics": "medians over rounds; spreads [min, max]"}}
     out.write_text(json.dumps(result, indent=2))
     print(f"codec {summary['codec_s']:.3f} s ({summary['codec_beside_exchange_s']:.3f} s beside an exchange), "
-          f"exchange {summary['comm_s']:.3f} s in one chunk ({link}{'' if args.local else f', MTU {args.mtu}'}); "
+          f"exchange {summary['comm_s']:.3f} s in one chunk ({link}{'' if mtu is None else f', MTU {mtu}'}); "
           f"pipeline_stages='auto' picks {raw['setup']['auto_stages']}")
     for s, v in summary["stages"].items():
         print(f"  {s} stage(s): codec {v['codec_s']:.3f} s, exchange {v['comm_s']:.3f} s, hook {v['hook_s']:.3f} s, "

@@ -75,6 +75,9 @@ class ClusterSpec:
             # NOTE: the upper bound keeps a packet inside tbf's smallest burst (32 KiB, netns.tbf_args)
             raise ValueError(f"mtu={self.mtu!r} is invalid: give whole bytes in [576, 9000], e.g. 1500 (Linux's "
                              "default) or 9000 (jumbo frames)")
+        if self.simulate and self.mtu != 1500:
+            raise ValueError(f"mtu={self.mtu} is invalid with simulate=True (--simulate): the simulated cluster runs "
+                             "on loopback, with no links to set; drop mtu, or run as root without --simulate")
 
     def _nodes(self, n: int) -> list[int]:
         if self.nodes is None:
