@@ -72,3 +72,42 @@ def test_accelerate_refuses_mixed_precision_beside_a_policy():
     plugin = HeteroPlugin(batch_sizes=[8], precision_policy="bf16")
     with pytest.raises(ConfigError, match="mixed_precision='bf16' conflicts with precision_policy='bf16'"):
         plugin.prepare(accelerator, net, opt, loader(make_data(16), batch_size=8))
+
+
+def _refit(rank: int, world: int) -> dict:
+    """Two epochs in one fit against one epoch, then a second fit of the same Trainer to two."""
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    out = {}
+    for name, epochs in (("straight", [2]), ("refit", [1, 2])):
+        model = Regressor()
+        strategy = HeteroStrategy(batch_sizes=[3, 13], precision_policy=["fp16", "fp32"], init_scale=256.0,
+                                  growth_interval=3, compression="topk", dense_fallback=False, dense_warmup_steps=2,
+                                  density_schedule="constant")  # the run length (8 or 16) sets no period
+        trainer = L.Trainer(strategy=strategy, max_epochs=epochs[0], **trainer_kwargs())
+        for n in epochs:
+            trainer.fit_loop.max_epochs = n
+            trainer.fit(model, loader(make_data(128), batch_size=8, shuffle=True))
+        out[name] = {"weights": [p.detach().clone() for p in model.net.parameters()],
+                     "history": list(strategy.runtime.precision.scaler.history), "steps": trainer.global_step,
+                     "skipped": strategy.runtime.precision.scaler.skipped_steps,
+                     "residuals": strategy.hook_state.state_dict()["residuals"]}
+    return out
+
+
+def test_a_second_fit_of_one_trainer_goes_on_with_the_scale_and_residuals():
+    """Lightning keeps its loops across fits; hetero keeps its loss scale, residuals and schedule
+    too, so 1 + 1 epochs train exactly as 2 (plain SGD: Lightning's rebuilt optimizer holds nothing)."""
+    for rank in run_distributed(_refit, 2, timeout=240):
+        straight, refit = rank["straight"], rank["refit"]
+        assert straight["steps"] == refit["steps"] == 16
+        # the second fit's 8 steps (a scaler's history is its own run's) go on from the first's scale
+        assert refit["history"] == straight["history"][-8:] and refit["skipped"] == straight["skipped"]
+        if straight["history"][0] != 1.0:  # the fp16 rank: the scale really moved
+            assert len(set(straight["history"])) > 2
+        for key, value in straight["residuals"].items():
+            assert torch.equal(refit["residuals"][key], value)
+        for a, b in zip(refit["weights"], straight["weights"]):
+            assert torch.equal(a, b)

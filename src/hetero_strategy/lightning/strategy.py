@@ -230,9 +230,11 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
         self.hetero_config.balance.check_world_size(
             job_world_size(self.cluster_environment, self.num_nodes, self.num_processes))
         super().setup_environment()
+        previous = self._runtime  # a Trainer's earlier run (fit, then fit again or test) goes on from there
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
         self._runtime.setup_precision(self.root_device)
+        self._runtime.continue_from(previous)
 
     @override
     def _register_ddp_hooks(self) -> None:

@@ -30,6 +30,13 @@ class RuntimeState:
         self.steps = int(state.get("steps", self.steps))
         self._restore_pending()
 
+    def continue_from(self, previous: Any) -> None:
+        """Start where ``previous`` (this rank's runtime of an earlier run of the same job, e.g.
+        Lightning's first ``fit`` on one Trainer) stopped: loss scale, residuals, batch plan,
+        calibration and step count carry over, as they would through a checkpoint."""
+        if previous is not None and (previous.rank, previous.world_size) == (self.rank, self.world_size):
+            self.load_state_dict(previous.state_dict())
+
     def gathered_state_dict(self, optimizer_states: Any = None) -> dict[str, Any]:
         """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
 
