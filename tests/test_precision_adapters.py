@@ -94,12 +94,24 @@ def _refit(rank: int, world: int) -> dict:
                      "history": list(strategy.runtime.precision.scaler.history), "steps": trainer.global_step,
                      "skipped": strategy.runtime.precision.scaler.skipped_steps,
                      "residuals": strategy.hook_state.state_dict()["residuals"]}
+    # the same Trainer fitting another model: nothing of the first model's state carried over
+    trainer.fit_loop.max_epochs = 3
+    trainer.fit(Regressor(), loader(make_data(128), batch_size=8, shuffle=True))
+    out["fresh_history"] = list(strategy.runtime.precision.scaler.history)
+    # a second fit with a loader of another batch size: the new loader's plan, not the old one's
+    split = HeteroStrategy(capacities=[1.0, 3.0])
+    trainer = L.Trainer(strategy=split, max_epochs=1, **trainer_kwargs())
+    for epochs, batch in ((1, 4), (2, 8)):
+        trainer.fit_loop.max_epochs = epochs
+        trainer.fit(model, loader(make_data(64), batch_size=batch))
+    out["new_batch"] = split.runtime.sampler.batch_sizes
     return out
 
 
 def test_a_second_fit_of_one_trainer_goes_on_with_the_scale_and_residuals():
     """Lightning keeps its loops across fits; hetero keeps its loss scale, residuals and schedule
-    too, so 1 + 1 epochs train exactly as 2 (plain SGD: Lightning's rebuilt optimizer holds nothing)."""
+    too, so 1 + 1 epochs train exactly as 2 (plain SGD: Lightning's rebuilt optimizer holds nothing).
+    A new loader brings its own batch plan; another model starts afresh."""
     for rank in run_distributed(_refit, 2, timeout=240):
         straight, refit = rank["straight"], rank["refit"]
         assert straight["steps"] == refit["steps"] == 16
@@ -111,3 +123,5 @@ def test_a_second_fit_of_one_trainer_goes_on_with_the_scale_and_residuals():
             assert torch.equal(refit["residuals"][key], value)
         for a, b in zip(refit["weights"], straight["weights"]):
             assert torch.equal(a, b)
+        assert rank["new_batch"] == [4, 12]  # batch_size=8 on each of 2 ranks, split 1 : 3
+        assert rank["fresh_history"][0] == straight["history"][0]  # 256 again on the fp16 rank

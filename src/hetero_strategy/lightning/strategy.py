@@ -58,6 +58,7 @@ from hetero_strategy.lightning.options import (
     max_steps_of,
 )
 from hetero_strategy.lightning.probe import probe_lightning_module
+from hetero_strategy.lightning.runs import Owner, carried_runtime
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
 __all__ = ["HeteroStrategy"]
@@ -161,6 +162,7 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
             **kwargs,
         )
         self._runtime: HeteroRuntime | None = None
+        self._owner: Owner | None = None  # (trainer, module) of the last run
         self._use_distributed_sampler = True
 
     # ---- registry ------------------------------------------------------------------------
@@ -230,7 +232,8 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
         self.hetero_config.balance.check_world_size(
             job_world_size(self.cluster_environment, self.num_nodes, self.num_processes))
         super().setup_environment()
-        previous = self._runtime  # a Trainer's earlier run (fit, then fit again or test) goes on from there
+        # a Trainer's earlier run of this model (fit, then fit again or test) goes on from there
+        previous, self._owner = carried_runtime(self._runtime, self._owner, self.lightning_module)
         self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
                                       info=rank_zero_info, warn=rank_zero_warn)
         self._runtime.setup_precision(self.root_device)

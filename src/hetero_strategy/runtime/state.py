@@ -31,11 +31,13 @@ class RuntimeState:
         self._restore_pending()
 
     def continue_from(self, previous: Any) -> None:
-        """Start where ``previous`` (this rank's runtime of an earlier run of the same job, e.g.
-        Lightning's first ``fit`` on one Trainer) stopped: loss scale, residuals, batch plan,
-        calibration and step count carry over, as they would through a checkpoint."""
+        """Start where ``previous`` (this rank's runtime of an earlier run of the same model, e.g.
+        Lightning's first ``fit`` on one Trainer) stopped: loss scale, residuals, calibration and
+        step count carry over, as through a checkpoint. The batch plan and data position do not:
+        they belong to the training loader, which the new run builds again (its batch size or
+        data may differ)."""
         if previous is not None and (previous.rank, previous.world_size) == (self.rank, self.world_size):
-            self.load_state_dict(previous.state_dict())
+            self.load_state_dict({k: v for k, v in previous.state_dict().items() if k != "sampler"})
 
     def gathered_state_dict(self, optimizer_states: Any = None) -> dict[str, Any]:
         """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes.
