@@ -163,6 +163,24 @@ def test_mapping_keys_match_whole_words_most_specific_first(name, capability, wa
     assert (dtype, reason) == (want, f"precision_policy key {why}")
 
 
+def _build_on(rank: int, world: int, names: list[str]) -> str:
+    init_gloo(rank, world)
+    info = DeviceInfo("cuda", names[rank], (7, 0) if "V100" in names[rank] else (8, 0))
+    try:
+        return RankPrecision.build(PrecisionConfig(precision_policy={"Tesla": "fp32", "V100": "fp16"}), rank,
+                                   world, torch.device("cpu"), info).dtype
+    except ConfigError as e:
+        return str(e)
+
+
+def test_a_policy_one_rank_cannot_resolve_stops_every_rank():
+    """Only rank 1's device matches two name parts: rank 0 must stop too (not wait for rank 1 at
+    its next collective), pointed at the rank with the error."""
+    a100, v100 = run_distributed(_build_on, 2, ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"], timeout=60)
+    assert "keys ['Tesla', 'V100'] are ambiguous" in v100
+    assert a100.startswith("precision_policy=") and "is invalid on rank(s) [1]" in a100
+
+
 def test_two_name_parts_of_one_device_are_refused_as_ambiguous():
     a100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
     with pytest.raises(ConfigError, match=r"keys \['A100', 'SXM4'\] are ambiguous"):
@@ -178,6 +196,9 @@ def test_two_name_parts_of_one_device_are_refused_as_ambiguous():
     (dict(precision_policy={"8": "fp16"}), "precision_policy key='8' is invalid: a capability is major.minor"),
     (dict(precision_policy={"defualt": "fp16"}), "key='defualt' is invalid: did you mean 'default'"),
     (dict(precision_policy={7.0: "fp16", "7.0": "bf16"}), "two keys name the same capability"),
+    (dict(precision_policy={"V100": "fp16", "v100 ": "bf16"}), "or device-name part; keep one"),
+    (dict(precision_policy={7.95: "fp16"}), "precision_policy key=7.95 is invalid"),
+    (dict(precision_policy={float("inf"): "fp16"}), "precision_policy key=inf is invalid"),
     (dict(backoff_factor=1.5), "backoff_factor=1.5 is invalid"),
     (dict(growth_interval=0), "growth_interval=0 is invalid"),
 ])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from difflib import get_close_matches
@@ -9,10 +10,15 @@ from typing import Any
 
 from hetero_strategy.config.errors import _fail
 
-__all__ = ["CAPABILITY_KEY", "DTYPE_NAMES", "PrecisionConfig"]
+__all__ = ["CAPABILITY_KEY", "DTYPE_NAMES", "PrecisionConfig", "name_words"]
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 CAPABILITY_KEY = re.compile(r"^\d+\.\d$")  # a compute capability, major.minor
+
+
+def name_words(text: str) -> tuple[str, ...]:
+    """A device name, or a mapping key's name part, as the words the policy matches."""
+    return tuple(re.findall(r"[a-z0-9]+", text.lower()))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,8 +62,9 @@ class PrecisionConfig:
                     _fail(f"precision_policy[{i}]", v, f"use one of {', '.join(DTYPE_NAMES)}")
         elif isinstance(policy, dict):
             keys = [_policy_key(k) for k in policy]
-            if len(set(keys)) != len(keys):
-                _fail("precision_policy", policy, "two keys name the same capability; keep one")
+            same = [name_words(k) if not CAPABILITY_KEY.match(k) else k for k in keys]
+            if len(set(same)) != len(same):
+                _fail("precision_policy", policy, "two keys name the same capability or device-name part; keep one")
             self.precision_policy = dict(zip(keys, policy.values()))
             for key, v in self.precision_policy.items():
                 if v not in (*DTYPE_NAMES, "auto"):
@@ -84,9 +91,11 @@ class PrecisionConfig:
 def _policy_key(key: Any) -> str:
     """A mapping key as the policy reads it: "default", a capability "M.m" (YAML's unquoted 7.0 is
     a float), or a device-name part; anything else is refused here rather than never matching."""
-    if isinstance(key, float) and not isinstance(key, bool) and key >= 0:
-        key = f"{int(key)}.{round((key - int(key)) * 10)}"
-    if not isinstance(key, str) or not key.strip():
+    if isinstance(key, float) and math.isfinite(key) and key >= 0 and abs(key * 10 - round(key * 10)) < 1e-6:
+        key = f"{key:.1f}"  # one decimal: 8.6 -> "8.6", 7.95 is no capability
+    if isinstance(key, str):
+        key = key.strip()
+    if not isinstance(key, str) or not key:
         _fail("precision_policy key", key, "use a device-name part ('V100'), a compute capability major.minor "
               "(7.0, not 7) or 'default'")
     if CAPABILITY_KEY.match(key) or key == "default":

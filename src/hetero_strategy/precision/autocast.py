@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hetero_strategy.balance.probe import all_gather_floats
+from hetero_strategy.config import ConfigError
 from hetero_strategy.precision.policy import TORCH_DTYPES, choose_dtype, describe_device
 from hetero_strategy.precision.scaler import CoordinatedScaler
 
@@ -43,7 +45,17 @@ class RankPrecision:
     def build(cls, config, rank: int, world: int, device: torch.device, info=None) -> RankPrecision:
         """From a PrecisionConfig; ``info`` (a DeviceInfo) overrides what the device reports."""
         info = info or describe_device(device)
-        dtype, why = choose_dtype(config.precision_policy, rank, world, info)
+        try:
+            dtype, why = choose_dtype(config.precision_policy, rank, world, info)
+            error = None
+        except ConfigError as e:  # e.g. two name parts of this rank's device only
+            error = e
+        # NOTE: collective, so every rank stops when one rank's device cannot be resolved, instead
+        # of the others waiting for it at their next collective
+        failed = [r for r, (flag,) in enumerate(all_gather_floats([float(error is not None)])) if flag]
+        if failed:
+            raise error or ConfigError(f"precision_policy={config.precision_policy!r} is invalid on rank(s) "
+                                       f"{failed}: see the error there for the fix")
         scaler = CoordinatedScaler(dtype == "fp16", config.init_scale, config.growth_factor,
                                    config.backoff_factor, config.growth_interval)
         rp = cls(dtype, device.type, scaler, tuple(config.keep_fp32))

@@ -14,13 +14,12 @@ Example::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 
 from hetero_strategy.config import ConfigError
-from hetero_strategy.config.precision import CAPABILITY_KEY
+from hetero_strategy.config.precision import CAPABILITY_KEY, name_words
 
 __all__ = ["DeviceInfo", "auto_dtype", "choose_dtype", "describe_device", "resolve_dtype"]
 
@@ -73,10 +72,10 @@ def choose_dtype(policy, rank: int, world: int, info: DeviceInfo) -> tuple[str, 
             raise ConfigError(f"precision_policy={list(policy)!r} is invalid: {len(policy)} entries for {world} "
                               "ranks; give one dtype per rank")
         return policy[rank], f"entry {rank} of the list; auto would pick {auto_dtype(info)}"
-    name = _words(info.name)
-    parts = [k for k in policy if k != "default" and not CAPABILITY_KEY.match(k) and _contains(name, _words(k))]
-    longest = max((len(_words(k)) for k in parts), default=0)
-    best = [k for k in parts if len(_words(k)) == longest]
+    name = name_words(info.name)
+    parts = [k for k in policy if k != "default" and not CAPABILITY_KEY.match(k) and _contains(name, name_words(k))]
+    longest = max((len(name_words(k)) for k in parts), default=0)
+    best = [k for k in parts if len(name_words(k)) == longest]
     if len(best) > 1:
         raise ConfigError(f"precision_policy keys {best!r} are ambiguous: each names a part of device "
                           f"{info.name!r}; keep one, or write more of the name (e.g. {info.name!r})")
@@ -88,11 +87,7 @@ def choose_dtype(policy, rank: int, world: int, info: DeviceInfo) -> tuple[str, 
     return (auto_dtype(info) if value == "auto" else value), f"precision_policy key {key!r}"
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def _contains(name: list[str], part: list[str]) -> bool:
+def _contains(name: tuple[str, ...], part: tuple[str, ...]) -> bool:
     """Whether the words ``part`` occur in a row inside ``name``."""
     n = len(part)
     return n > 0 and any(name[i:i + n] == part for i in range(len(name) - n + 1))
