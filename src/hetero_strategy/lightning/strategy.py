@@ -2,7 +2,8 @@
 
 Lifecycle (each step is a small override of ``DDPStrategy``)::
 
-    setup_environment     -> the runtime, and this rank's dtype under precision_policy
+    setup_environment     -> the runtime (a later run of the Trainer's model goes on from the earlier
+                             one's), and this rank's dtype under precision_policy
     setup                 -> remember the user's use_distributed_sampler; we place samplers ourselves
     _register_ddp_hooks   -> register our comm hook on every device (Lightning does it on CUDA only)
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
