@@ -150,3 +150,27 @@ def test_a_full_checkpoint_resumed_on_another_world_size_keeps_the_data_position
     assert "checkpoint of 2 ranks resumed on 3" in warned[0]
     first = next(iter(loader))[1]
     assert torch.equal(first, make_data(96).tensors[1][45:45 + len(first)])  # goes on at sample 45
+
+
+def test_a_checkpoint_resumed_with_another_batch_size_keeps_the_new_split_and_the_sample_position():
+    """Same world, the loader's batch size changed (8 -> 12 per rank): the new split stands, with a
+    warning, and the epoch goes on from the saved sample, rounded down to whole batches."""
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.runtime import HeteroRuntime
+
+    old = HeteroRuntime(HeteroConfig.from_flat(capacities=[1.0, 3.0]), 0, 2)
+    batches = iter(old.train_loader(DataLoader(make_data(96), batch_size=8), seed=0))
+    for _ in range(3):  # three steps of G = 16: 48 samples of epoch 0
+        next(batches)
+        old.batch_start()
+        old.step_end()
+    warned: list[str] = []
+    new = HeteroRuntime(HeteroConfig.from_flat(capacities=[1.0, 3.0]), 0, 2, warn=warned.append)
+    new.load_state_dict(old.state_dict())  # this rank's part of a checkpoint of the same world
+    loader = new.train_loader(DataLoader(make_data(96), batch_size=12), seed=0)  # G = 24
+    assert new.sampler.batch_sizes == [6, 18] and new.sampler.position == (0, 48)  # 2 whole batches of 24
+    assert "saved batch split is for another global batch" in warned[0]
+    first = next(iter(loader))[1]
+    assert torch.equal(first, make_data(96).tensors[1][48:48 + len(first)])  # rank 0 goes on at sample 48

@@ -130,3 +130,21 @@ def test_a_restored_position_skips_the_trained_steps_of_its_epoch_only():
     assert t.position == (1, 16)
     t.set_epoch(1)
     assert list(t) == epoch1[2:]
+
+
+def test_a_state_saved_under_another_global_batch_keeps_this_split_and_the_sample_position():
+    """The loader's batch size changed between save and resume: the saved split (G = 8) is not
+    this run's (G = 16); the epoch goes on from the saved sample, 24, rounded down to whole batches."""
+    from hetero_strategy.balance import HeteroBatchSampler
+
+    old = HeteroBatchSampler(64, [2, 6], rank=1, shuffle=True, seed=3)
+    old.resume_at(8 + 3)  # epoch 1 (8 steps of 8), after 3 trained steps: 24 samples
+    old.set_epoch(1)
+    new = HeteroBatchSampler(64, [4, 12], rank=1, shuffle=True, seed=3)
+    assert new.load_state_dict(old.state_dict()) is False
+    assert new.batch_sizes == [4, 12] and new.position == (1, 16)
+    ref = HeteroBatchSampler(64, [4, 12], rank=1, shuffle=True, seed=3)
+    ref.set_epoch(1)
+    assert list(new) == list(ref)[1:]  # one whole batch of 16 done; samples 16-23 are seen again
+    same = HeteroBatchSampler(64, [2, 6], rank=1, shuffle=True, seed=3)
+    assert same.load_state_dict(old.state_dict()) is True and same.position == (1, 24)

@@ -168,14 +168,26 @@ class HeteroBatchSampler(Sampler[list[int]]):
         return {"starts": list(self._starts), "splits": [list(s) for s in self._splits], "epoch": self.epoch,
                 "position": self._trained}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> bool:
         """Restore the split schedule and the position: the next epoch iterated at that position
-        starts with the first batch not trained on (a mid-epoch resume replays nothing)."""
+        starts with the first batch not trained on (a mid-epoch resume replays nothing).
+
+        A schedule saved under another global batch (the loader's batch size changed) is not this
+        run's: the split stays, the position carries over in samples (at most G - 1 of them are
+        seen again), and it returns False.
+        """
+        saved = sum(state["splits"][0])
+        if saved != self.global_batch:
+            epoch, t = divmod(int(state.get("position", 0)), self.steps_per_epoch(saved))
+            self.sampler.set_epoch(int(state.get("epoch", epoch)))
+            self.resume_at_samples(epoch, min(t * saved, self.num_samples))
+            return False
         self._starts = list(state["starts"])
         self._splits = [list(s) for s in state["splits"]]
         self.sampler.set_epoch(int(state.get("epoch", self.epoch)))
         if "position" in state:
             self.resume_at(int(state["position"]))
+        return True
 
     def resume_at(self, position: int) -> None:
         """Continue from global step ``position`` (epoch ``position // steps_per_epoch()``)."""
@@ -194,8 +206,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         return epoch, min(t * self.global_batch, self.num_samples)
 
     # ---- per-step plan ---------------------------------------------------------------
-    def steps_per_epoch(self) -> int:
-        g = self.global_batch
+    def steps_per_epoch(self, global_batch: int | None = None) -> int:
+        g = global_batch or self.global_batch
         return self.num_samples // g if self.drop_last else math.ceil(self.num_samples / g)
 
     def plan(self, step_in_epoch: int, epoch: int | None = None) -> StepPlan:

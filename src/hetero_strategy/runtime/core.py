@@ -295,7 +295,8 @@ class HeteroRuntime(RuntimeState, HybridEvents):
 
     def _restore_pending(self) -> None:
         for key, part in self._parts().items():
-            if part is not None and key in self._pending:
-                part.load_state_dict(self._pending.pop(key))
+            if part is not None and key in self._pending and part.load_state_dict(self._pending.pop(key)) is False:
+                self.info_warning("hetero: the saved batch split is for another global batch; this run's split "
+                                  "stands, and the epoch goes on from the same sample (within one batch)")
         if self.sampler is not None and "sampler_position" in self._pending:  # saved under another world
             self.sampler.resume_at_samples(*self._pending.pop("sampler_position"))
