@@ -170,16 +170,12 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register("hetero", cls, description="Heterogeneous-cluster DDP (capacity-sized batches)")
-        strategy_registry.register(
-            "hetero_topk", cls, description="hetero with Top-K compression and error feedback", compression="topk"
-        )
-        strategy_registry.register(
-            "hetero_tiered", cls, description="hetero with per-link-tier compression", compression="tiered"
-        )
-        strategy_registry.register(
-            "hetero_spawn", cls, description="hetero with start_method='spawn'", start_method="spawn"
-        )
+        for name, description, options in (
+                ("hetero", "Heterogeneous-cluster DDP (capacity-sized batches)", {}),
+                ("hetero_topk", "hetero with Top-K compression and error feedback", {"compression": "topk"}),
+                ("hetero_tiered", "hetero with per-link-tier compression", {"compression": "tiered"}),
+                ("hetero_spawn", "hetero with start_method='spawn'", {"start_method": "spawn"})):
+            strategy_registry.register(name, cls, description=description, **options)
 
     # ---- the framework-free core (see hetero_strategy.runtime) ----------------------------
     @property
