@@ -12,6 +12,7 @@ import torch
 from hetero_strategy.config import COMPRESSION_METHODS, ConfigError, HeteroConfig
 from hetero_strategy.hooks import CompressedState, build_comm_hook, onebit_hook, topk_hook
 from hetero_strategy.hooks.codecs import SignCodec, TopKCodec
+from hetero_strategy.hooks.flat_bucket import FlatBucket
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.tiers import resolve_tier, tier_from_bandwidth, tier_policy
@@ -71,39 +72,19 @@ def test_sign_codec_scale_per_segment() -> None:
     torch.testing.assert_close(decoded + residual, acc)
 
 
-class _Bucket:
-    """Stand-in for dist.GradBucket: a flat buffer whose gradients are views of it."""
-
-    def __init__(self, params: list[torch.Tensor], values: list[torch.Tensor], index: int = 0) -> None:
-        self._params, self._index = params, index
-        self._buf = torch.cat([v.reshape(-1) for v in values])
-        sizes = [p.numel() for p in params]
-        self._grads = [g.view_as(p) for g, p in zip(self._buf.split(sizes), params)]
-
-    def buffer(self) -> torch.Tensor:
-        return self._buf
-
-    def gradients(self) -> list[torch.Tensor]:
-        return self._grads
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self._params
-
-    def index(self) -> int:
-        return self._index
-
-    def is_last(self) -> bool:
-        return True
+def _bucket(params: list[torch.Tensor], values: list[torch.Tensor], index: int = 0) -> FlatBucket:
+    """A bucket of ``params`` holding ``values`` as its gradients."""
+    return FlatBucket(torch.cat([v.reshape(-1) for v in values]), params, index=index)
 
 
 def test_memory_keeps_residuals_per_parameter_across_layouts() -> None:
     a, b, c = torch.zeros(3), torch.zeros(2), torch.zeros(4)
     mem = ResidualMemory()
-    first = _Bucket([a, b, c], [torch.zeros(3), torch.zeros(2), torch.zeros(4)])
+    first = _bucket([a, b, c], [torch.zeros(3), torch.zeros(2), torch.zeros(4)])
     mem.residual(0, mem.keys(first), first.gradients()).copy_(torch.arange(9.0))
     # rebuilt layout: c alone in bucket 0, then b, a in bucket 1
-    r0 = mem.residual(0, mem.keys(_Bucket([c], [torch.zeros(4)])), [torch.zeros(4)])
-    r1 = mem.residual(1, mem.keys(_Bucket([b, a], [torch.zeros(2), torch.zeros(3)])), [torch.zeros(2), torch.zeros(3)])
+    r0 = mem.residual(0, mem.keys(_bucket([c], [torch.zeros(4)])), [torch.zeros(4)])
+    r1 = mem.residual(1, mem.keys(_bucket([b, a], [torch.zeros(2), torch.zeros(3)])), [torch.zeros(2), torch.zeros(3)])
     assert r0.tolist() == [5.0, 6.0, 7.0, 8.0] and r1.tolist() == [3.0, 4.0, 0.0, 1.0, 2.0]
     saved = mem.state_dict()
     fresh = ResidualMemory()
@@ -133,7 +114,7 @@ def test_factory_builds_every_method(method: str) -> None:
 
 
 def _run(state: CompressedState, hook, grads: list[torch.Tensor], params) -> torch.Tensor:
-    bucket = _Bucket(params, [g.clone() for g in grads])
+    bucket = _bucket(params, [g.clone() for g in grads])
     return hook(state, bucket).wait()
 
 

@@ -11,30 +11,10 @@ import torch
 from dist_utils import init_gloo, run_distributed
 from ef_oracle import k_for, top_k
 
+from hetero_strategy.hooks.flat_bucket import FlatBucket
+
 SIZES = [10, 7, 13]
 DENSITY = 0.25
-
-
-class _Bucket:
-    """The GradBucket methods the Top-K exchange uses, over one flat fp32 buffer."""
-
-    def __init__(self, flat: torch.Tensor, params: list[torch.Tensor]) -> None:
-        self._flat, self._params = flat, params
-
-    def buffer(self) -> torch.Tensor:
-        return self._flat
-
-    def gradients(self) -> list[torch.Tensor]:
-        return list(self._flat.split(SIZES))
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self._params
-
-    def index(self) -> int:
-        return 0
-
-    def is_last(self) -> bool:
-        return True
 
 
 def _grads(rank: int, step: int) -> torch.Tensor:
@@ -55,7 +35,7 @@ def _two_steps(rank: int, world: int, stages: int) -> dict:
     params = [torch.empty(0) for _ in SIZES]
     out: dict = {"residuals": [], "reduced": []}
     for step in range(2):
-        bucket = _Bucket(_grads(rank, step), params)
+        bucket = FlatBucket(_grads(rank, step), params, SIZES)
         out["reduced"].append(_compress(state, bucket, 1, "compressed").wait().clone())
         residual = state.memory.residual(0, state.memory.keys(bucket), bucket.gradients())
         out["residuals"].append(residual.clone())

@@ -21,30 +21,9 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.benchmarks_impl._ranks import gloo_job
+from hetero_strategy.hooks.flat_bucket import FlatBucket
 
 __all__ = ["main"]
-
-
-class _Bucket:
-    """The few GradBucket methods the hook's exchange uses, over one flat fp32 buffer."""
-
-    def __init__(self, flat: torch.Tensor, sizes: list[int], params: list[torch.Tensor]) -> None:
-        self._flat, self._sizes, self._params = flat, sizes, params
-
-    def buffer(self) -> torch.Tensor:
-        return self._flat
-
-    def gradients(self) -> list[torch.Tensor]:
-        return list(self._flat.split(self._sizes))
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self._params
-
-    def index(self) -> int:
-        return 0
-
-    def is_last(self) -> bool:
-        return True
 
 
 def _timed(fn) -> float:
@@ -84,8 +63,8 @@ def _measure(args: argparse.Namespace) -> dict:
                            density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0)
     auto_stages = auto.stages_for(sizes, *[auto.plan(1, sizes)[i] for i in (0, 2)])
 
-    def bucket() -> _Bucket:
-        return _Bucket(grad.clone(), sizes, params)
+    def bucket() -> FlatBucket:
+        return FlatBucket(grad.clone(), params, sizes)
 
     def codec(s: int):
         """The hook's codec work at ``s`` chunks (encode, store residuals), sending nothing."""
@@ -96,7 +75,7 @@ def _measure(args: argparse.Namespace) -> dict:
         store_residuals([(c.marker, res, acc) for c, res, acc in encoded])
         return b, [c for c, _, _ in encoded]
 
-    def exchange(s: int, b: _Bucket, chunks: list) -> torch.futures.Future:
+    def exchange(s: int, b: FlatBucket, chunks: list) -> torch.futures.Future:
         """The same chunks' collectives and decode, no codec work."""
         return finish_exchange(states[s], b, "compressed", [issue_chunk(states[s], c) for c in chunks])
 
