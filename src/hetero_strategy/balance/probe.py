@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.hooks.tiers import device_for
+
 __all__ = ["ProbeError", "ProbeExchange", "StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
 
 
@@ -181,9 +183,7 @@ def all_gather_floats(values: list[float], group: dist.ProcessGroup | None = Non
     """All-gather a short list of floats from every rank (float64, so every rank sees the same bits)."""
     if not dist.is_initialized():
         return [list(values)]
-    backend = dist.get_backend(group)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    mine = torch.tensor(values, dtype=torch.float64, device=device)  # (k,)
+    mine = torch.tensor(values, dtype=torch.float64, device=device_for(group))  # (k,)
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, mine, group=group)
     return [t.cpu().tolist() for t in out]
