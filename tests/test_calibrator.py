@@ -132,7 +132,7 @@ def test_bad_input_is_refused():
 
 
 def _gloo_calibrate(rank: int, world_size: int, speeds: list[float], steps: int) -> list:
-    from hetero_strategy.balance.probe import all_gather_floats
+    from hetero_strategy.dist import all_gather_floats
 
     init_gloo(rank, world_size)
     rng = random.Random(1000 + rank)  # every rank has its own noise: only the all-gather aligns them

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from hetero_strategy.balance.probe import all_gather_floats
 from hetero_strategy.balance.sampler import HeteroBatchSampler
+from hetero_strategy.dist import all_gather_floats
 
 if TYPE_CHECKING:
     from hetero_strategy.balance.calibrator import Calibrator

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.hooks.tiers import device_for
+from hetero_strategy.dist import all_gather_floats
 
-__all__ = ["ProbeError", "ProbeExchange", "StepCost", "all_gather_floats", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
+__all__ = ["ProbeError", "ProbeExchange", "StepCost", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
 
 
 class ProbeError(RuntimeError):
@@ -177,16 +177,6 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
         torch.random.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-
-
-def all_gather_floats(values: list[float], group: dist.ProcessGroup | None = None) -> list[list[float]]:
-    """All-gather a short list of floats from every rank (float64, so every rank sees the same bits)."""
-    if not dist.is_initialized():
-        return [list(values)]
-    mine = torch.tensor(values, dtype=torch.float64, device=device_for(group))  # (k,)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, mine, group=group)
-    return [t.cpu().tolist() for t in out]
 
 
 def _sync() -> None:

@@ -8,6 +8,8 @@ Example::
     >>> info = describe_device()
     >>> info["kind"] in ("cpu", "cuda")
     True
+    >>> training_dtype(DeviceInfo("cuda", "Tesla V100-SXM2", (7, 0)))
+    'fp16'
 """
 
 from __future__ import annotations
@@ -16,19 +18,46 @@ import contextlib
 import os
 import platform
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["describe_device", "training_dtype"]
+__all__ = ["DeviceInfo", "describe_device", "training_dtype"]
 
 
-def training_dtype(info: dict[str, Any]) -> str:
-    """The autocast dtype DESIGN.md semantics 9 picks for this device: bf16 (cc >= 8), fp16 (7.x), fp32."""
-    cc = info.get("compute_capability")
-    if info.get("kind") != "cuda" or not cc:
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the dtype rule and the precision policy look at: device type, name, and (CUDA) compute
+    capability. :meth:`of` reads it from a live device; :meth:`from_facts` from
+    :func:`describe_device`'s facts (a profile)."""
+
+    type: str
+    name: str
+    capability: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, device: torch.device) -> DeviceInfo:
+        """The facts of a live device (CUDA: its name and capability; no NVML involved)."""
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return cls("cuda", torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index))
+        return cls(device.type, device.type)
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any]) -> DeviceInfo:
+        """From :func:`describe_device`'s dict (``kind``, ``name``, ``compute_capability`` "8.0")."""
+        cc = facts.get("compute_capability")
+        capability = tuple(int(x) for x in str(cc).split(".")[:2]) if cc else None
+        return cls(str(facts.get("kind")), str(facts.get("name")), capability)  # type: ignore[arg-type]
+
+
+def training_dtype(info: DeviceInfo) -> str:
+    """The autocast dtype for a device (docs/design.md semantics 9): bf16 from compute capability
+    8.0 (A100, 3090, H100), fp16 with loss scaling on 7.x (V100, T4), fp32 below that and off CUDA."""
+    if info.type != "cuda" or info.capability is None:
         return "fp32"
-    major = int(str(cc).split(".")[0])
+    major = info.capability[0]
     return "bf16" if major >= 8 else "fp16" if major == 7 else "fp32"
 
 

@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.dist import allreduce_seconds
+
 __all__ = ["allreduce_latency", "allreduce_sweep", "bus_bandwidth_factor", "matmul_tflops", "memory_gbps",
            "p2p_matrix", "sweep_sizes"]
 
@@ -90,31 +92,18 @@ def bus_bandwidth_factor(world_size: int) -> float:
     return 2.0 * (world_size - 1) / world_size
 
 
-def _agreed_iters(seconds: float, budget_s: float, device: torch.device, cap: int) -> int:
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank decides, every rank runs the same count
-    return max(1, min(cap, int(budget_s / max(t.item(), 1e-9))))
-
-
-def allreduce_sweep(device: torch.device, sizes: list[int], budget_s: float = 0.3) -> list[dict[str, float]]:
-    """Time, algbw and busbw (Gbit/s) of a sum all-reduce of each size (fp32 elements)."""
+def allreduce_sweep(sizes: list[int], budget_s: float = 0.3) -> list[dict[str, float]]:
+    """Time, algbw and busbw (Gbit/s) of a sum all-reduce of each size (fp32 elements), each the
+    slowest rank's mean over as many calls as fit in ``budget_s`` (at most 50; every rank runs the
+    same count)."""
     n = dist.get_world_size()
     rows = []
     for nbytes in sizes:
-        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        _sync(device)
-        iters = _agreed_iters(time.perf_counter() - t0, budget_s, device, cap=50)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        _sync(device)
-        dt = (time.perf_counter() - t0) / iters
-        algbw = x.numel() * 4 * 8 / dt / 1e9
-        rows.append({"bytes": x.numel() * 4, "time_s": dt, "algbw_gbit_s": algbw,
+        numel = max(1, nbytes // 4)
+        iters = max(1, min(50, int(budget_s / max(allreduce_seconds(numel), 1e-9))))
+        dt = allreduce_seconds(numel, iters=iters)
+        algbw = numel * 4 * 8 / dt / 1e9
+        rows.append({"bytes": numel * 4, "time_s": dt, "algbw_gbit_s": algbw,
                      "busbw_gbit_s": algbw * bus_bandwidth_factor(n)})
     return rows
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.cluster import probes
-from hetero_strategy.cluster.devices import describe_device, training_dtype
+from hetero_strategy.cluster.devices import DeviceInfo, describe_device, training_dtype
 from hetero_strategy.cluster.tiers import classify_tier
 
 __all__ = ["SCHEMA", "ProfileInputs", "load_profile", "run_profile", "save_profile"]
@@ -59,13 +59,13 @@ def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_
         info = describe_device()
         mine: dict[str, Any] = {
             "rank": dist.get_rank() if dist.is_initialized() else 0, "device": info,
-            "training_dtype": training_dtype(info),
+            "training_dtype": training_dtype(DeviceInfo.from_facts(info)),
             "matmul_tflops": probes.matmul_all(device, matmul_n, budget_s),
             "memory_gbps": probes.memory_gbps(device, budget_s=budget_s),
         }
         sweep, p2p = [], [[None]]
         if world > 1:
-            sweep = probes.allreduce_sweep(device, probes.sweep_sizes(max_bytes=max_bytes), budget_s)
+            sweep = probes.allreduce_sweep(probes.sweep_sizes(max_bytes=max_bytes), budget_s)
             p2p = probes.p2p_matrix(device, p2p_bytes)
             mine["latency_us"] = probes.allreduce_latency(device, latency_iters)
         ranks = _gather(mine, world)

@@ -16,18 +16,13 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import itertools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather", "all_reduce", "completed", "job_store", "then", "world_size"]
-
-_INSTANCES: dict[str, itertools.count] = collections.defaultdict(itertools.count)
+__all__ = ["all_gather", "all_reduce", "completed", "then", "world_size"]
 
 # NOTE: torch 2.14 renamed all_gather_into_tensor (now deprecated) to all_gather_single
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -83,13 +78,3 @@ def completed(value: torch.Tensor) -> torch.futures.Future:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(value)
     return fut
-
-
-def job_store(kind: str) -> dist.Store:
-    """A namespace of the default group's rendezvous store for one object of ``kind`` (``hybrid``,
-    ``ckpt``): the default group's own store works with every init method (env://, tcp://,
-    file://), and a prefix per restart and per object keeps an earlier attempt's or another
-    object's keys out. Every rank must build its objects of a kind in the same order."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"hetero/{kind}/{restart}/{next(_INSTANCES[kind])}/",
-                            dist.distributed_c10d._get_default_store())

@@ -38,13 +38,14 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import CompressionConfig
+from hetero_strategy.dist import device_for
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
-from hetero_strategy.hooks.tiers import TierPolicy, device_for, exchange_policies
+from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState"]

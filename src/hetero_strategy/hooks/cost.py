@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.dist import measure_bandwidth_gbps
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
-from hetero_strategy.hooks.tiers import measure_bandwidth_gbps
 
 __all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 

@@ -17,25 +17,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from hetero_strategy.cluster.tiers import classify_tier
 from hetero_strategy.config import TIERS
+from hetero_strategy.dist import measure_bandwidth_gbps
 
 __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
     "TierPolicy",
-    "device_for",
     "exchange_policies",
     "gather_tiers",
     "leader_tiers",
-    "measure_bandwidth_gbps",
     "resolve_tier",
     "tier_from_bandwidth",
     "tier_policy",
@@ -81,29 +78,6 @@ def tier_from_bandwidth(gbps: float) -> str:
     return classify_tier(gbps)
 
 
-def measure_bandwidth_gbps(process_group: dist.ProcessGroup | None = None, min_seconds: float = 0.05) -> float:
-    """Algorithmic bandwidth of a dense all-reduce (payload bits / time), in Gbit/s.
-
-    Collective: every rank of the group must call it. The payload grows (256 KiB -> 32 MiB) until
-    one all-reduce takes >= ``min_seconds`` on the slowest rank, so fast links are not measured by
-    latency (and a slow link is not kept busy for long).
-    """
-    device = device_for(process_group)
-    elapsed, nbytes = 0.0, 0
-    for numel in (1 << 16, 1 << 20, 1 << 23):  # 256 KiB, 4 MiB, 32 MiB of fp32
-        payload = torch.ones(numel, device=device)
-        dist.all_reduce(payload, group=process_group)  # warm-up: connection setup, allocation
-        t0 = time.perf_counter()
-        dist.all_reduce(payload, group=process_group)
-        _ = payload[0].item()  # NOTE: one host sync at setup, so the time covers the transfer
-        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(took, group=process_group, op=dist.ReduceOp.MAX)  # every rank decides alike
-        elapsed, nbytes = float(took.item()), numel * 4
-        if elapsed >= min_seconds:
-            break
-    return nbytes * 8 / max(elapsed, 1e-9) / 1e9
-
-
 def _host_identity() -> str:
     """Host name plus network namespace: ranks in separate namespaces (emulated links) differ."""
     try:
@@ -111,13 +85,6 @@ def _host_identity() -> str:
     except OSError:
         netns = ""
     return f"{socket.gethostname()}|{netns}"
-
-
-def device_for(process_group: dist.ProcessGroup | None) -> torch.device:
-    """Where a group's collectives run: this rank's CUDA device on NCCL, else the CPU."""
-    if dist.get_backend(process_group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def resolve_tier(configured: str | None, process_group: dist.ProcessGroup | None = None) -> str:

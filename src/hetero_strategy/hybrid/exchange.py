@@ -12,16 +12,14 @@ the residual is flushed into it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
-from hetero_strategy.hooks.tiers import device_for
 
-__all__ = ["DeltaExchange", "reduce_flat"]
+__all__ = ["DeltaExchange"]
 
 
 class DeltaExchange:
@@ -80,22 +78,3 @@ class DeltaExchange:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         residual = state.get("residual")
         self.residual = None if residual is None else residual.clone()
-
-
-def reduce_flat(tensors: list[torch.Tensor], op: Any, group: Any, scale: float = 1.0) -> None:
-    """One collective over many tensors (same order on every rank: the same model and optimizer)."""
-    if not tensors:
-        return
-    # NOTE: on the group's device: NCCL takes CUDA tensors only, and Adam keeps its `step` on the CPU
-    device = device_for(group)
-    flat = torch.cat([t.detach().to(device, torch.float64).reshape(-1) for t in tensors]).mul_(scale)  # (total,)
-    dist.all_reduce(flat, op=op, group=group)
-    for t, part in zip(tensors, _split(flat, tensors), strict=True):
-        t.copy_(part.view_as(t))  # copy_ converts dtype and device back
-
-
-def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-    offset = 0
-    for t in like:
-        yield flat[offset:offset + t.numel()]
-        offset += t.numel()

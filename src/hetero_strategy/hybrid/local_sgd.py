@@ -44,9 +44,8 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
-from hetero_strategy.hooks.communicator import job_store
-from hetero_strategy.hooks.tiers import device_for
-from hetero_strategy.hybrid.exchange import DeltaExchange, reduce_flat
+from hetero_strategy.dist import StallError, device_for, job_store, reduce_flat
+from hetero_strategy.hybrid.exchange import DeltaExchange
 
 __all__ = ["LocalSGD", "staleness_weights"]
 
@@ -176,9 +175,6 @@ class LocalSGD:
             if counts != seen:
                 seen, since = counts, time.monotonic()
             elif time.monotonic() - since > self.stall_timeout_s:
-                # NOTE: imported here: the runtime imports this module
-                from hetero_strategy.runtime.stall import StallError
-
                 raise StallError(f"hetero: rank {self.rank} joined (no data left) and waited more than "
                                  f"stall_timeout_s={self.stall_timeout_s:g} s for rank(s) {active} to take a local "
                                  f"step in period {self.syncs}; they are frozen or gone")

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import HybridConfig
-from hetero_strategy.hooks.tiers import device_for
+from hetero_strategy.dist import device_for
 
 __all__ = ["PhaseSchedule", "relative_change"]
 

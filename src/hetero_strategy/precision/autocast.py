@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hetero_strategy.balance.probe import all_gather_floats
+from hetero_strategy.cluster.devices import DeviceInfo
 from hetero_strategy.config import ConfigError
-from hetero_strategy.precision.policy import TORCH_DTYPES, choose_dtype, describe_device
+from hetero_strategy.dist import all_gather_floats
+from hetero_strategy.precision.policy import TORCH_DTYPES, choose_dtype
 from hetero_strategy.precision.scaler import CoordinatedScaler
 
 __all__ = ["RankPrecision"]
@@ -44,7 +45,7 @@ class RankPrecision:
     @classmethod
     def build(cls, config, rank: int, world: int, device: torch.device, info=None) -> RankPrecision:
         """From a PrecisionConfig; ``info`` (a DeviceInfo) overrides what the device reports."""
-        info = info or describe_device(device)
+        info = info or DeviceInfo.of(device)
         try:
             dtype, why = choose_dtype(config.precision_policy, rank, world, info)
             error = None

@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from hetero_strategy.balance.probe import all_gather_floats
 from hetero_strategy.config import ConfigError
+from hetero_strategy.dist import all_gather_floats
 
 __all__ = ["HybridEvents"]
 

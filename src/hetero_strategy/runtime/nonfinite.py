@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from hetero_strategy.balance.probe import all_gather_floats
+from hetero_strategy.dist import all_gather_floats
 
 __all__ = ["NonFiniteError", "NonFiniteGuard"]
 

@@ -19,8 +19,9 @@ import logging
 from collections.abc import Callable
 
 from hetero_strategy.balance import capacity, split_batch, split_batch_timed
-from hetero_strategy.balance.probe import ProbeExchange, StepCost, all_gather_floats
+from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError
+from hetero_strategy.dist import all_gather_floats
 
 __all__ = ["gather_step_costs", "plan_batch_sizes", "probe_exchange", "profile_bandwidth"]
 

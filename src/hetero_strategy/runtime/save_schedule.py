@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from hetero_strategy.hooks.communicator import job_store
+from hetero_strategy.dist import job_store
 
 __all__ = ["SaveSchedule"]
 

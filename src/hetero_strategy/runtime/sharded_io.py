@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hetero_strategy.config import ConfigError
-from hetero_strategy.runtime.stall import StallError
+from hetero_strategy.dist import StallError
 
 __all__ = ["PARTIAL", "ShardedWriter", "is_sharded", "read_or_explain", "remove_committed", "sweep"]
 

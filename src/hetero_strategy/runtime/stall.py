@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import logging
 import os
 import threading
 import time
@@ -38,27 +37,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["StallError", "StallWatch", "bounded", "group_timeout", "hook_groups", "is_peer_failure"]
+from hetero_strategy.dist import StallError, client_store, is_peer_failure, is_peer_gone
 
-log = logging.getLogger("hetero_strategy")
-
-# What a collective says when a peer is silent or gone (gloo, NCCL and the store word it so).
-_PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "socket closed")
-_PEER_FAILURE = ("timed out", "timing out", "watchdog", *_PEER_GONE)
-
-
-class StallError(RuntimeError):
-    """A peer stayed silent beyond ``stall_timeout_s`` (or vanished); raised on every surviving rank."""
-
-
-def is_peer_failure(error: BaseException) -> bool:
-    """Whether ``error`` is a collective failing because of a peer (not a bug in this rank's code)."""
-    if isinstance(error, StallError) or not isinstance(error, RuntimeError):  # DistError is a RuntimeError
-        return False
-    # NOTE: by its words only: other DistErrors (a CUDA fault, mismatched collectives) are not stalls
-    text = str(error).lower()
-    return any(s in text for s in _PEER_FAILURE)
-
+__all__ = ["StallWatch", "bounded", "group_timeout", "hook_groups"]
 
 def group_timeout(group: dist.ProcessGroup) -> datetime.timedelta | None:
     """The timeout ``group`` was created with (None when the backend does not say)."""
@@ -109,9 +90,7 @@ class StallWatch:
         self.period_s = period_s if period_s is not None else min(1.0, timeout_s / 4)
         self.where, self.step = "setup", 0
         self._stop = threading.Event()
-        self._store = _client_store(min(5.0, timeout_s))
-        # NOTE: keys carry the elastic restart count: an agent's store outlives the workers it restarts
-        self._prefix = f"hetero/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._store = client_store(min(5.0, timeout_s), "heartbeat")
         self._thread: threading.Thread | None = None
         if self._store is not None and world_size > 1:
             self._thread = threading.Thread(target=self._beat, name="hetero-heartbeat", daemon=True)
@@ -140,7 +119,7 @@ class StallWatch:
     def error(self, cause: BaseException) -> StallError:
         """The :class:`StallError` for ``cause``, with the silent rank(s) when the heartbeats tell."""
         text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        gone = any(s in text.lower() for s in _PEER_GONE)
+        gone = is_peer_gone(text)
         what = "lost its connection to" if gone else f"waited more than stall_timeout_s={self.timeout_s:g} s for"
         return StallError(f"hetero: rank {self.rank} {what} {self._who()} during the {self.where} of step "
                           f"{self.step} ({text[:300]}). A frozen or dead peer stops every rank; if that peer is "
@@ -148,13 +127,13 @@ class StallWatch:
 
     # ---- the heartbeat -------------------------------------------------------------------
     def _beat(self) -> None:
-        key = f"{self._prefix}{self.rank}"
+        key = str(self.rank)
         while not self._stop.wait(self.period_s):
             with contextlib.suppress(Exception):  # a silent store is diagnosed by the readers
                 self._store.add(key, 1)
 
     def _counts(self) -> list[int]:
-        return [self._store.add(f"{self._prefix}{r}", 0) for r in range(self.world_size)]
+        return [self._store.add(str(r), 0) for r in range(self.world_size)]
 
     def _who(self) -> str:
         if self._store is None or self.world_size < 2:
@@ -171,15 +150,3 @@ class StallWatch:
         if not silent:
             return "a peer (every heartbeat still moves: the peer is alive but stuck in its own code)"
         return ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
-
-
-def _client_store(timeout_s: float) -> Any:
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        return None
-    try:
-        return dist.TCPStore(addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
-    except Exception as e:  # noqa: BLE001 - no heartbeat: errors still come, without the rank's name
-        log.warning("hetero: no heartbeat (the store at %s:%s refused a connection: %s)", addr, port, e)
-        return None

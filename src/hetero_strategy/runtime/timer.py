@@ -9,7 +9,7 @@ import itertools
 import statistics
 import time
 
-from hetero_strategy.balance.probe import all_gather_floats
+from hetero_strategy.dist import all_gather_floats
 
 __all__ = ["StepTimer", "balance"]
 
