@@ -44,6 +44,10 @@ def launch(group: str, out: Path, *extra: str, timeout: float = 240) -> list[dic
     return results
 
 
+# the scenarios of group "exact", in the order tests/scripts/accel_scenarios.py runs them
+EXACT_SCENARIOS = ("shuffle_uneven_last", "accumulate_clip_steplr", "two_epochs_calibrated", "nan_skipped")
+
+
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory):
     return launch("exact", tmp_path_factory.mktemp("exact"))
@@ -94,10 +98,24 @@ def test_metrics_reach_accelerate_trackers(exact):
     step, row = logged[0]
     assert step == 0
     assert row["hetero/batch_size_r0"] == 3 and row["hetero/batch_size_r1"] == 13
-    for key in ("hetero/step_s_r1", "hetero/samples_per_s_r0", "hetero/compute_s_r1", "hetero/balance"):
-        assert key in row and row[key] >= 0
     # one row per optimizer step of the 4 scenarios (log_every_n_steps=1; a dropped step still ends)
     assert len(logged) == 5 + 6 + 12 + 5
+    assert [s for s, _ in logged] == [*range(5), *range(6), *range(12), *range(5)]
+    # the logged split is the one each rank's loader delivered (a micro-batch's, under accumulation)
+    split = [(a, b) for name in EXACT_SCENARIOS
+             for a, b in zip(*(exact[r][name]["seen"][::2 if name == "accumulate_clip_steplr" else 1]
+                               for r in range(2)), strict=True)]
+    assert [(row["hetero/batch_size_r0"], row["hetero/batch_size_r1"]) for _, row in logged] == split
+    for i, (_, row) in enumerate(logged):
+        for r in range(2):
+            compute, step, b = (row[f"hetero/{k}_r{r}"] for k in ("compute_s", "step_s", "batch_size"))
+            assert 0 < compute <= step, (i, r, compute, step)  # compute is a part of the step's wall time
+            assert row[f"hetero/samples_per_s_r{r}"] * compute == pytest.approx(b)
+            if 11 <= i < 23:  # two_epochs_calibrated sleeps 4 ms per sample inside the compute window
+                assert compute >= 0.004 * b, (i, r, compute, b)
+        computes = [row["hetero/compute_s_r0"], row["hetero/compute_s_r1"]]
+        assert 0 < row["hetero/balance"] <= 1
+        assert row["hetero/balance"] == pytest.approx(min(computes) / max(computes))  # = 1 - (max - min) / max
 
 
 def test_a_nan_on_one_rank_drops_that_step_on_every_rank(exact):

@@ -2,7 +2,8 @@
 
 * the phase schedule against hand-built validation losses (different per rank: only their mean decides);
 * the averaging path with H = 1 and equal speeds against one-process momentum SGD on the global batch;
-* the staleness bound under an injected delay against a hand computation of the weighted average;
+* the staleness bound under an injected delay: the weighted average of the sync against its weights,
+  and the staleness weights against hand-built cases;
 * a checkpoint cut inside a period against the same run uninterrupted.
 """
 
@@ -19,7 +20,7 @@ from oracle import make_data, make_net
 from torch import nn
 
 from hetero_strategy.config import HeteroConfig, HybridConfig
-from hetero_strategy.hybrid import PhaseSchedule, relative_change
+from hetero_strategy.hybrid import PhaseSchedule, relative_change, staleness_weights
 
 # ---- 1. the phase schedule ------------------------------------------------------------------
 # Mean over the two ranks: phase 0 ends at evaluation 2 (|0.97 - 1.0| / 1.0 = 3% < 5%, N = 2),
@@ -168,6 +169,28 @@ def _stale(rank: int, world: int) -> dict:
     return {"syncs": syncs, "steps": runtime.steps}
 
 
+# Hand-built cases of w_r = samples_r x decay^(lead - steps_r), normalised (lead = the most steps):
+# * steps 8, 5; samples 32, 10; decay 0.9: 32 x 0.9^0 = 32 and 10 x 0.9^3 = 7.29, total 39.29
+#   -> 32 / 39.29 = 0.814457, 7.29 / 39.29 = 0.185543
+# * equal steps 4, 4; samples 3, 5: no discount -> the sample shares 3/8, 5/8
+# * steps 6, 6, 4; samples 12, 6, 8; decay 0.5: 12, 6, 8 x 0.25 = 2, total 20 -> 0.6, 0.3, 0.1
+# * decay 1.0 (no discount): steps 8, 2; samples 1, 3 -> 1/4, 3/4
+# * a rank without samples weighs 0: steps 5, 0; samples 4, 0 -> 1, 0; nobody has samples -> 0, 0
+STALENESS_CASES = [
+    ([8, 5], [32, 10], 0.9, [0.814457, 0.185543]),
+    ([4, 4], [3, 5], 0.9, [0.375, 0.625]),
+    ([6, 6, 4], [12, 6, 8], 0.5, [0.6, 0.3, 0.1]),
+    ([8, 2], [1, 3], 1.0, [0.25, 0.75]),
+    ([5, 0], [4, 0], 0.9, [1.0, 0.0]),
+    ([3, 1], [0, 0], 0.9, [0.0, 0.0]),
+]
+
+
+@pytest.mark.parametrize(("steps", "samples", "decay", "want"), STALENESS_CASES)
+def test_staleness_weights_against_hand_cases(steps, samples, decay, want):
+    assert staleness_weights(steps, samples, decay) == pytest.approx(want, rel=1e-5, abs=1e-12)
+
+
 def test_the_staleness_bound_forces_syncs_and_the_late_rank_still_counts():
     out = run_distributed(_stale, 2, timeout=60)
     assert out[0]["steps"] > out[1]["steps"]  # the fast rank is not held to the slow rank's count
@@ -176,10 +199,14 @@ def test_the_staleness_bound_forces_syncs_and_the_late_rank_still_counts():
         steps = s0["steps"]
         assert steps == s1["steps"] and min(steps) >= 1 and max(steps) <= 8
         assert max(steps) - min(steps) <= TAU, steps
-        # the hand computation: w_r = samples_r 0.9^(lead - steps_r), normalised, over float64
-        raw = [BATCH[r] * steps[r] * 0.9 ** (max(steps) - steps[r]) for r in range(2)]
-        w = [x / sum(raw) for x in raw]
         assert s0["samples"] == [BATCH[r] * steps[r] for r in range(2)]
+        # the weights the sync used: staleness_weights (pinned by the hand cases below) of these
+        # counts, summing to 1; a late rank weighs less than its sample share, an on-time one exactly it
+        w = s0["weights"]
+        assert w == s1["weights"] == staleness_weights(steps, s0["samples"], 0.9)
+        assert sum(w) == pytest.approx(1.0)
+        share = s0["samples"][1] / sum(s0["samples"])
+        assert w[1] < share if steps[1] < steps[0] else w[1] == pytest.approx(share), (steps, w)
         anchor = out[0]["syncs"][i - 1]["after"]
         for k, a in enumerate(anchor):
             want = a.double() + sum(w[r] * (out[r]["syncs"][i]["before"][k].double() - a.double()) for r in range(2))

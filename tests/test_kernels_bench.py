@@ -63,9 +63,28 @@ def test_compared_paths_send_the_largest_entries(bench):
     values, idx, residual = bench._topk_path(acc, k)
     assert set(idx.tolist()) == true_top and torch.equal(values, acc[idx.long()])
     assert torch.equal(residual + torch.zeros_like(acc).index_put((idx.long(),), values), acc)
+    # thresh+nonzero keeps |x| >= the ceil(k / 100)-th largest of a 1-in-100 strided sample; on this
+    # tie-free input it must select exactly the m largest, m = that sampled value's rank in the whole
+    # input (found here by a full sort, not by the path's topk-and-compare)
     values, idx, residual = bench._threshold_nonzero_path(acc, k)
-    assert abs(idx.numel() - k) <= k  # a sampled threshold only approximates k
-    assert set(idx.tolist()) >= true_top or set(idx.tolist()) <= true_top  # a threshold set is nested
+    thr = torch.sort(acc[::100].abs(), descending=True).values[0]  # ceil(40 / 100) = 1st sampled
+    m = int((torch.sort(acc.abs(), descending=True).values == thr).nonzero()) + 1
+    assert idx.numel() == m  # here 22, not k = 40: the sample only approximates k
+    assert set(idx.tolist()) == set(torch.topk(acc.abs(), m).indices.tolist())
+    assert torch.equal(values, acc[idx.long()]) and torch.equal(residual[idx.long()], torch.zeros(m))
+
+
+@pytest.mark.parametrize(("k", "want"), [(40, 100), (250, 300), (1, 100), (2000, 2000)])
+def test_threshold_nonzero_path_selects_a_hand_counted_set(bench, k, want):
+    # |acc[i]| = (i + 1) / 2000, signs alternating: tie-free and increasing. The stride-100 sample
+    # holds i = 0, 100, ..., 1900. k = 40 (or 1): ceil(k / 100) = 1, threshold |acc[1900]| -> i >= 1900,
+    # 100 entries; k = 250: the 3rd largest sampled, |acc[1700]| -> i >= 1700, 300 entries; k = 2000:
+    # the 20th, |acc[0]| -> all 2000.
+    n = 2000
+    acc = (torch.arange(n, dtype=torch.float32) + 1) / n * torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)
+    values, idx, residual = bench._threshold_nonzero_path(acc, k)
+    assert idx.tolist() == list(range(n - want, n))
+    assert torch.equal(values, acc[n - want:]) and int(torch.count_nonzero(residual)) == n - want
 
 
 def test_triton_path_and_gpu_check_run_under_the_interpreter(bench):

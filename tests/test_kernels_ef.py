@@ -55,6 +55,26 @@ def test_nan_inf_propagate_like_ieee(dtype):
     torch.testing.assert_close(got, ef.ef_accumulate_torch(grad, residual, 0.9), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("gamma", [0.9, 0.5, 1.0])
+def test_in_place_form_writes_into_grad_within_one_rounding(gamma):
+    g = torch.Generator().manual_seed(4)
+    grad, residual = torch.randn(3001, generator=g), torch.randn(3001, generator=g)
+    ref = ef.ef_accumulate_torch(grad, residual, gamma)
+    buf = grad.clone()
+    out = ef.ef_accumulate_torch_(buf, residual, gamma)
+    assert out.data_ptr() == buf.data_ptr()  # no new bucket-sized tensor
+    # a fused multiply-add (one rounding) vs the reference's two, and gamma as fp32: both within a
+    # few ulp of the operands' magnitude of the float64 value; equal for powers of two
+    exact = grad.double() + gamma * residual.double()
+    scale = grad.double().abs() + gamma * residual.double().abs()
+    assert ((out.double() - exact).abs() <= 2.0**-22 * scale).all()
+    assert ((out.double() - ref.double()).abs() <= 2.0**-22 * scale).all()
+    if gamma in (0.5, 1.0):
+        assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="in-place form needs an fp32 grad"):
+        ef.ef_accumulate_torch_(torch.zeros(3, dtype=torch.float16), torch.zeros(3), gamma)
+
+
 def test_empty_bucket():
     assert ef.ef_accumulate(torch.zeros(0), torch.zeros(0), 0.9, block=BLOCK).shape == (0,)
 

@@ -1,7 +1,9 @@
-"""Per-segment Top-K of a whole bucket equals the per-tensor reference run segment by segment.
+"""Per-segment Top-K of a whole bucket: the sampled one-pass path and the Triton path against the reference.
 
-The reference is :func:`topk_select_torch` (``torch.topk`` over the magnitude keys), applied to
-each segment alone; the segmented path samples thresholds and sorts candidates instead.
+The reference is :func:`segments.topk_select_segments_torch`, the one Top-K reference
+(:func:`topk_select_torch`, ``torch.topk`` over the magnitude keys) applied to each segment
+alone; the sampled path (the dispatcher's torch backend) samples thresholds and sorts
+candidates instead.
 """
 
 from __future__ import annotations
@@ -12,25 +14,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # NOTE: before the kernels are i
 
 import pytest
 import torch
-from hetero_strategy.triton_kernels import dispatch
-from hetero_strategy.triton_kernels.topk_select import topk_select_torch
+from hetero_strategy.triton_kernels import dispatch, segments
 
 
 def _reference(acc, offsets, sizes, ks, caps):
-    acc, values, indices = acc.clone(), [], []
-    for o, n, k, c in zip(offsets, sizes, ks, caps):
-        seg = acc[o:o + n]
-        if k == 0:  # padding only
-            values.append(torch.zeros(c))
-            indices.append(torch.full((c,), o, dtype=torch.int32))
-            continue
-        v, i, count, residual = topk_select_torch(seg.clone(), k, c)
-        i = i.clone()
-        i[int(count):] = 0  # unused slots: value 0 at the segment's first index
-        values.append(v)
-        indices.append(i + o)
-        seg.copy_(residual)
-    return torch.cat(values), torch.cat(indices), acc
+    """The kernel's reference on a copy: values, indices and the residual it leaves."""
+    acc = acc.clone()
+    values, indices = segments.topk_select_segments_torch(acc, offsets, sizes, ks, caps)
+    return values, indices, acc
 
 
 def _bucket(seed: int, large: bool):
@@ -69,8 +60,6 @@ def test_segmented_selection_equals_the_per_segment_reference(seed, kind):
 def test_a_threshold_that_overshoots_falls_back_to_the_exact_one(monkeypatch):
     # jittered sampling with a 2x margin rarely overshoots; force it: every sampled threshold is
     # above the k-th key, so each segment must fall back to its exact k-th largest key
-    from hetero_strategy.triton_kernels import segments
-
     monkeypatch.setattr(segments, "_thresholds", lambda keys, starts, sizes, ks: torch.full(
         (len(sizes),), 2**31 - 1, dtype=torch.int32))
     acc, offsets, sizes, ks, caps = _bucket(5, large=True)
@@ -88,6 +77,19 @@ def test_triton_segments_equal_torch_under_the_interpreter():
     tv, ti = dispatch.topk_select_segments(a, offsets, sizes, ks, caps, backend="triton")
     rv, ri = dispatch.topk_select_segments(b, offsets, sizes, ks, caps, backend="torch")
     assert torch.equal(ti, ri) and torch.equal(tv, rv) and torch.equal(a, b)
+    want_v, want_i, want_acc = _reference(acc, offsets, sizes, ks, caps)
+    assert torch.equal(ti, want_i) and torch.equal(tv, want_v) and torch.equal(a, want_acc)
+
+
+def test_reference_on_a_hand_built_bucket():
+    # segment [0, 3): |1 -5 2| -> k = 1: -5 (index 1), one pad slot (value 0 at index 0);
+    # gap at 3; segment [4, 8): |3 -3 0.5 3| -> k = 2: ties of 3 go to the lower indices 4, 5; k = 0
+    # segment [8, 9): two pad slots at index 8
+    acc = torch.tensor([1.0, -5.0, 2.0, 7.0, 3.0, -3.0, 0.5, 3.0, 9.0])
+    values, indices = segments.topk_select_segments_torch(acc, [0, 4, 8], [3, 4, 1], [1, 2, 0], [2, 2, 2])
+    assert values.tolist() == [-5.0, 0.0, 3.0, -3.0, 0.0, 0.0]
+    assert indices.tolist() == [1, 0, 4, 5, 8, 8]
+    assert acc.tolist() == [1.0, 0.0, 2.0, 7.0, 0.0, 0.0, 0.5, 3.0, 9.0]  # sent entries zeroed, gap untouched
 
 
 @pytest.mark.parametrize("bad, match", [

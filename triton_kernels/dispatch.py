@@ -125,15 +125,16 @@ def ef_accumulate(grad: Tensor, residual: Tensor | None, gamma: float, *, backen
                   inplace: bool = False) -> Tensor:
     """(n,) fp32 ``gamma * residual + grad`` (``residual=None`` means zeros); see :mod:`.ef_accumulate`.
 
-    ``inplace=True`` lets the torch path write into an fp32 ``grad`` (no new bucket-sized tensor);
-    the result is then ``grad`` itself. Triton always writes a new tensor.
+    ``inplace=True`` lets the torch path write into an fp32 ``grad`` (no new bucket-sized tensor;
+    :func:`.ef_accumulate.ef_accumulate_torch_`, within one rounding of the reference); the result
+    is then ``grad`` itself. Triton always writes a new tensor.
     """
     from . import ef_accumulate as op
 
     if backend_for(grad, backend) == "triton":
         return op.ef_accumulate(grad, residual, gamma)
     if inplace and residual is not None and grad.dtype == residual.dtype:
-        return grad.add_(residual, alpha=gamma)
+        return op.ef_accumulate_torch_(grad, residual, gamma)
     return op.ef_accumulate_torch(grad, residual, gamma)
 
 
@@ -165,13 +166,14 @@ def topk_select_segments(
 
     Returns ``(values, indices)``: fp32 and int32 (sum caps,), segment after segment, each in
     ascending index order and padded with value 0 at the segment's first index; indices are
-    relative to ``acc``. Same selection rule as :func:`topk_select`; see :mod:`.segments`.
+    relative to ``acc``. Same selection rule as :func:`topk_select`; the torch backend is the
+    one-pass sampled path, not the per-segment reference; see :mod:`.segments`.
     """
     from . import segments as op
 
     if backend_for(acc, backend) == "triton":
         return op.topk_select_segments(acc, offsets, sizes, ks, caps)
-    return op.topk_select_segments_torch(acc, offsets, sizes, ks, caps)
+    return op.topk_select_segments_sampled(acc, offsets, sizes, ks, caps)
 
 
 def scatter_add(

@@ -17,7 +17,7 @@ import torch
 
 from ._common import HAS_TRITON, check_flat, check_launchable, launch, tl, triton
 
-__all__ = ["ef_accumulate", "ef_accumulate_torch"]
+__all__ = ["ef_accumulate", "ef_accumulate_torch", "ef_accumulate_torch_"]
 
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -80,6 +80,21 @@ def ef_accumulate_torch(grad: torch.Tensor, residual: torch.Tensor | None, gamma
     if residual is None:
         return acc.clone() if acc is grad else acc
     return residual * float(gamma) + acc
+
+
+def ef_accumulate_torch_(grad: torch.Tensor, residual: torch.Tensor, gamma: float) -> torch.Tensor:
+    """In place: ``grad += gamma * residual`` for an fp32 ``grad``; returns ``grad``.
+
+    The hooks' CPU path: it allocates no bucket-sized tensor. NOTE: ``torch.add``'s ``alpha`` runs
+    as one fused multiply-add on CPU, so the result is within one fp32 rounding of
+    :func:`ef_accumulate_torch` (which rounds ``gamma * residual`` first), not bitwise equal to it
+    unless ``gamma`` is a power of two.
+    """
+    _check(grad, residual, gamma)
+    if grad.dtype != torch.float32 or residual is None:
+        raise ValueError(f"grad: {grad.dtype} with residual {residual is not None}; the in-place form needs an "
+                         "fp32 grad and a residual, use ef_accumulate_torch otherwise")
+    return grad.add_(residual, alpha=float(gamma))
 
 
 def ef_accumulate(

@@ -1,4 +1,4 @@
-"""Top-k of every parameter of a bucket at once: per-segment selection in one vectorised pass.
+"""Top-k of every parameter of a bucket at once: per-segment selection.
 
 A DDP bucket is a flat fp32 tensor holding several parameters (*segments*). Selecting per
 segment (not over the whole bucket) keeps the results independent of the bucket layout, which
@@ -7,21 +7,26 @@ entries of largest ``|acc|`` (NaN above +inf above every finite value, ties to t
 the rule of :mod:`.threshold`), into ``caps[s]`` slots padded with value 0 at the segment's first
 index, in ascending index order.
 
-The torch path works on the whole bucket at once: int32 magnitude keys, one jittered sample of
-every large segment's keys (one gather) for a threshold a little below its k-th largest one, a
-candidate mask over the bucket (one slice compare per segment: no per-entry threshold tensor),
-one ``nonzero``, then the exact top-k among the few candidates by one stable sort on (segment,
-key) and a mask back in candidate (index) order. A segment whose sample overshot (fewer
-than k candidates) gets its exact threshold and the mask is rebuilt once.
+Three functions, one selection:
 
-The Triton path runs :func:`.topk_select.topk_select` per segment (no host sync; launches per
-segment: a fused segmented radix select is future work).
+* :func:`topk_select_segments_torch`, the reference: :func:`.topk_select.topk_select_torch` (the
+  one torch reference of Top-K selection) run segment by segment.
+* :func:`topk_select_segments`, the Triton path: :func:`.topk_select.topk_select` per segment (no
+  host sync; launches per segment: a fused segmented radix select is future work).
+* :func:`topk_select_segments_sampled`, the dispatcher's torch backend (CPU, CUDA without
+  Triton): the whole bucket at once, because a call per parameter costs more than the selection.
+  Int32 magnitude keys, one jittered sample of every large segment's keys (one gather) for a
+  threshold a little below its k-th largest one, a candidate mask over the bucket (one slice
+  compare per segment: no per-entry threshold tensor), one ``nonzero``, then the exact top-k
+  among the few candidates by one stable sort on (segment, key) and a mask back in candidate
+  (index) order. A segment whose sample overshot (fewer than k candidates) gets its exact
+  threshold and the mask is rebuilt once. It returns bitwise what the reference returns.
 
 Example::
 
     >>> import torch
     >>> acc = torch.tensor([1.0, -5.0, 2.0, 0.5, 3.0, -3.0])
-    >>> v, i = topk_select_segments_torch(acc, [0, 3], [3, 3], [1, 2], [2, 2])
+    >>> v, i = topk_select_segments_sampled(acc, [0, 3], [3, 3], [1, 2], [2, 2])
     >>> v.tolist(), i.tolist(), acc.tolist()
     ([-5.0, 0.0, 3.0, -3.0], [1, 0, 4, 5], [1.0, 0.0, 2.0, 0.5, 0.0, 0.0])
 """
@@ -34,8 +39,9 @@ import torch
 
 from ._common import check_flat
 from .threshold import INT32_MAX
+from .topk_select import topk_select, topk_select_torch
 
-__all__ = ["check_segments", "topk_select_segments", "topk_select_segments_torch"]
+__all__ = ["check_segments", "topk_select_segments", "topk_select_segments_sampled", "topk_select_segments_torch"]
 
 # Segments up to this size take every entry as a candidate; larger ones are sampled this often.
 _SAMPLE = 8192
@@ -109,9 +115,9 @@ def _candidates(keys: torch.Tensor, thr: list[int], starts: list[int], sizes: li
     return mask.nonzero().squeeze(1)
 
 
-def topk_select_segments_torch(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_select_segments_sampled(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
     """(values (sum caps,) fp32, indices (sum caps,) int32 bucket-relative); sent entries of ``acc``
-    are set to 0 in place. Exact per-segment top-k, the same entries as :mod:`.topk_select`."""
+    are set to 0 in place. Bitwise the outputs of :func:`topk_select_segments_torch`, in one pass."""
     check_segments(acc, offsets, sizes, ks, caps)
     dev = acc.device
     total_cap = int(sum(caps))
@@ -163,10 +169,8 @@ def topk_select_segments_torch(acc: torch.Tensor, offsets, sizes, ks, caps) -> t
     return values, indices
 
 
-def topk_select_segments(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton path: the same outputs as :func:`topk_select_segments_torch`, one select per segment."""
-    from .topk_select import topk_select
-
+def _per_segment(select, acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
+    """``select(segment, k, capacity)`` (a (values, indices, count, residual) op) on each segment."""
     check_segments(acc, offsets, sizes, ks, caps)
     values = torch.zeros(int(sum(caps)), dtype=torch.float32, device=acc.device)
     indices = torch.empty(int(sum(caps)), dtype=torch.int32, device=acc.device)
@@ -174,7 +178,7 @@ def topk_select_segments(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[t
     for off, n, k, cap in zip(offsets, sizes, ks, caps):
         seg = acc[off:off + n]
         if k > 0:
-            v, i, _count, residual = topk_select(seg, k, cap)
+            v, i, _count, residual = select(seg, k, cap)
             values[slot:slot + cap] = v
             indices[slot:slot + cap] = i.add_(off)  # unused slots hold 0 -> the segment's first index
             seg.copy_(residual)
@@ -183,3 +187,12 @@ def topk_select_segments(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[t
         slot += cap
     return values, indices
 
+
+def topk_select_segments_torch(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: :func:`.topk_select.topk_select_torch` segment by segment; same outputs as above."""
+    return _per_segment(topk_select_torch, acc, offsets, sizes, ks, caps)
+
+
+def topk_select_segments(acc: torch.Tensor, offsets, sizes, ks, caps) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton path: the same outputs as :func:`topk_select_segments_torch`, one select per segment."""
+    return _per_segment(topk_select, acc, offsets, sizes, ks, caps)
