@@ -38,10 +38,9 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
-from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase
+from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase, wire_steps
 from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
-from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
 from hetero_strategy.runtime.loaders import train_loader_batch_size
@@ -135,7 +134,7 @@ class HeteroPlugin:
             model.forward = in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
-        self._wire_steps(prepared)
+        self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
         accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
@@ -196,44 +195,6 @@ class HeteroPlugin:
             self.runtime.warn(f"hetero: {e}; pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, "
                               "or batch_sizes=/capacities=")
             return None
-
-    def _wire_steps(self, prepared: list[Any]) -> None:
-        from accelerate.optimizer import AcceleratedOptimizer
-        from accelerate.scheduler import AcceleratedScheduler
-
-        optimizers = [o for o in prepared if isinstance(o, AcceleratedOptimizer)]
-        self._optimizers = [o.optimizer for o in optimizers]
-        if optimizers:
-            # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
-            # step, after accumulation, and never on a step GradScaler skipped.
-            optimizers[0].optimizer.register_step_post_hook(lambda *_: self._after_step())
-        if self.runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
-            for inner in self._optimizers:
-                inner.register_step_pre_hook(lambda opt, *_: self.runtime.before_optimizer_step(opt))
-        if self._gates():
-            for accelerated in optimizers:  # every optimizer skips alike when any rank overflowed
-                self._gate_step(accelerated, counts=accelerated is optimizers[0])
-        for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
-            # NOTE: Accelerate steps the schedule num_processes times per optimizer step (its batch
-            # is B per process). hetero keeps the one-process run with batch G, which steps once.
-            scheduler.split_batches = True
-
-    def _gate_step(self, accelerated: Any, counts: bool) -> None:
-        inner = accelerated.optimizer
-        real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
-
-        def step(*args: Any, **kwargs: Any) -> None:
-            if counts:  # the first optimizer owns the scale update and the step count
-                stepped = self.runtime.optimizer_step(inner, lambda: real(*args, **kwargs))
-            else:  # the others follow the same reduced-gradient check, without moving the scale
-                stepped = not CoordinatedScaler.found_inf([p for g in inner.param_groups for p in g["params"]])
-                if stepped:
-                    real(*args, **kwargs)
-            accelerated._is_overflow = not stepped  # AcceleratedScheduler then holds the schedule too
-            if not stepped and counts:
-                self._after_step()  # skipped on every rank: the step still ended
-
-        inner.step = step
 
     # ---- per step ------------------------------------------------------------------------
     def autocast(self) -> Any:

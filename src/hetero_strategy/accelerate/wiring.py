@@ -1,5 +1,5 @@
 """Small pieces HeteroPlugin hangs on Accelerate's objects: its custom state for ``save_state``,
-and the wrapper around the DDP model's forward."""
+the wrapper around the DDP model's forward, and the hooks on the prepared optimizers and schedulers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
+from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
 
-__all__ = ["SaveStateHook", "in_phase"]
+__all__ = ["SaveStateHook", "in_phase", "wire_steps"]
 
 
 class SaveStateHook:
@@ -55,3 +56,49 @@ def in_phase(runtime: HeteroRuntime, where: str, method: Callable[..., Any], ddp
                 return ref()(*args, **kwargs)
 
     return run
+
+
+def wire_steps(prepared: list[Any], runtime: HeteroRuntime, after_step: Callable[[], None], gates: bool) -> list[Any]:
+    """Hook the runtime into the prepared optimizers and schedulers; returns the inner optimizers.
+
+    ``after_step`` runs once per optimizer step (skipped steps included); with ``gates`` hetero,
+    not Accelerate's GradScaler, decides whether a step goes ahead.
+    """
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+
+    optimizers = [o for o in prepared if isinstance(o, AcceleratedOptimizer)]
+    inners = [o.optimizer for o in optimizers]
+    if optimizers:
+        # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
+        # step, after accumulation, and never on a step GradScaler skipped.
+        optimizers[0].optimizer.register_step_post_hook(lambda *_: after_step())
+    if runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
+        for inner in inners:
+            inner.register_step_pre_hook(lambda opt, *_: runtime.before_optimizer_step(opt))
+    if gates:
+        for accelerated in optimizers:  # every optimizer skips alike when any rank overflowed
+            _gate_step(accelerated, runtime, after_step, counts=accelerated is optimizers[0])
+    for scheduler in (o for o in prepared if isinstance(o, AcceleratedScheduler)):
+        # NOTE: Accelerate steps the schedule num_processes times per optimizer step (its batch
+        # is B per process). hetero keeps the one-process run with batch G, which steps once.
+        scheduler.split_batches = True
+    return inners
+
+
+def _gate_step(accelerated: Any, runtime: HeteroRuntime, after_step: Callable[[], None], counts: bool) -> None:
+    inner = accelerated.optimizer
+    real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
+
+    def step(*args: Any, **kwargs: Any) -> None:
+        if counts:  # the first optimizer owns the scale update and the step count
+            stepped = runtime.optimizer_step(inner, lambda: real(*args, **kwargs))
+        else:  # the others follow the same reduced-gradient check, without moving the scale
+            stepped = not CoordinatedScaler.found_inf([p for g in inner.param_groups for p in g["params"]])
+            if stepped:
+                real(*args, **kwargs)
+        accelerated._is_overflow = not stepped  # AcceleratedScheduler then holds the schedule too
+        if not stepped and counts:
+            after_step()  # skipped on every rank: the step still ended
+
+    inner.step = step

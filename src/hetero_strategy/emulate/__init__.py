@@ -9,9 +9,10 @@ Example::
         result = cluster.run(["python", "train.py"], timeout=600)
 """
 
-from hetero_strategy.emulate.cluster import EmulatedCluster, clean_stale, leftovers
+from hetero_strategy.emulate.cluster import EmulatedCluster
 from hetero_strategy.emulate.launch import RunResult
 from hetero_strategy.emulate.spec import ClusterSpec
+from hetero_strategy.emulate.stale import clean_stale, leftovers
 from hetero_strategy.emulate.system import EmulatorError
 
 __all__ = ["ClusterSpec", "EmulatedCluster", "EmulatorError", "RunResult", "clean_stale", "leftovers"]

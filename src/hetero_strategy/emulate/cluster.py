@@ -5,6 +5,11 @@ bridge, each namespace's veth shaped with ``tc tbf`` in both directions, a cgrou
 rank, one pinned core and one thread per rank.
 ``simulate=True`` (no root needed): loopback, unshaped, and a SIGSTOP/SIGCONT duty cycle for compute.
 
+The cluster composes the emulator's parts: :mod:`~hetero_strategy.emulate.netns` (namespaces and
+links), :mod:`~hetero_strategy.emulate.system` (cgroups), :mod:`~hetero_strategy.emulate.launch`
+(ranks, restarts), :mod:`~hetero_strategy.emulate.linkprobe` (link measurement) and
+:mod:`~hetero_strategy.emulate.stale` (what dead runs left behind).
+
 Example::
 
     with EmulatedCluster(compute=[1.0, 0.57], links=["10gbit", "100mbit"]) as cluster:
@@ -24,24 +29,22 @@ import atexit
 import itertools
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from typing_extensions import Self
 
 from hetero_strategy.cluster.tiers import parse_rate
 from hetero_strategy.emulate import netns
-from hetero_strategy.emulate.launch import RankProcess, RunResult, supervise
+from hetero_strategy.emulate.launch import RankProcess, RunResult, run_with_restarts, supervise
+from hetero_strategy.emulate.linkprobe import measure_uploads
 from hetero_strategy.emulate.spec import ClusterSpec
-from hetero_strategy.emulate.system import CpuCgroup, EmulatorError, cgroup_cpu_root, is_root, remove_cgroup
+from hetero_strategy.emulate.stale import clean_stale
+from hetero_strategy.emulate.system import CpuCgroup, EmulatorError, is_root
 
-__all__ = ["EmulatedCluster", "clean_stale", "leftovers"]
+__all__ = ["EmulatedCluster"]
 
 _COUNTER = itertools.count()
 _MASTER_PORT = 29500  # every emulated cluster has fresh namespaces, so the default port is free
-_PROBE_PORT = 5999
 
 
 class EmulatedCluster:
@@ -110,12 +113,7 @@ class EmulatedCluster:
                 cg.remove()
             except EmulatorError as e:
                 errors.append(str(e))
-        for name in list(dict.fromkeys(n.netns for n in self.nets)) + [netns.bridge_ns(self.tag)]:
-            netns.remove_namespace(name)
-        # Partially built clusters: anything else carrying our tag.
-        for name in netns.emulator_namespaces():
-            if name.startswith(f"{netns.PREFIX}{self.tag}-"):
-                netns.remove_namespace(name)
+        netns.remove_network(self.tag, [n.netns for n in self.nets])  # a partially built one too
         self.cgroups, self.nets = [], []
         if errors:
             raise EmulatorError("; ".join(errors))
@@ -168,29 +166,18 @@ class EmulatedCluster:
         (a job with ``resume="auto"`` checkpoints continues where it was). ``timeout`` covers all
         attempts; ``on_restart(result, attempt)`` is told of each restart.
         """
-        deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:  # at most max_restarts + 1 attempts
-            extra = dict(env or {}, TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(max_restarts))
-            result = self._run_once(argv, max(1.0, deadline - time.monotonic()), extra, ranks, capture, attempt)
-            result.restarts = attempt
-            if result.ok or result.timed_out or attempt == max_restarts:
-                return result
-            attempt += 1
-            if on_restart is not None:
-                on_restart(result, attempt)
+
+        def attempt(k: int, seconds_left: float) -> RunResult:
+            extra = dict(env or {}, TORCHELASTIC_RESTART_COUNT=str(k), TORCHELASTIC_MAX_RESTARTS=str(max_restarts))
+            return self._run_once(argv, seconds_left, extra, ranks, capture, k)
+
+        return run_with_restarts(attempt, timeout, max_restarts, on_restart)
 
     def _run_once(self, argv: Sequence[str], timeout: float, env: dict[str, str], ranks: Sequence[int] | None,
                   capture: bool, attempt: int) -> RunResult:
         if not self._open:
             raise EmulatorError("the cluster is not started: use `with EmulatedCluster(...) as cluster:`")
-        world = list(range(self.spec.nproc)) if ranks is None else list(ranks)
-        if not world or len(set(world)) != len(world) or not all(0 <= r < self.spec.nproc for r in world):
-            raise ValueError(f"ranks={world!r} is invalid: give distinct ranks of this {self.spec.nproc}-rank cluster")
-        nodes = [self.spec.node_of[r] for r in world]
-        if any(a != b and b in nodes[:i] for i, (a, b) in enumerate(itertools.pairwise(nodes), 1)):
-            # torchrun numbers ranks node by node (RANK = the node's base + LOCAL_RANK)
-            raise ValueError(f"ranks={world!r} is invalid: list each node's ranks together (nodes {nodes})")
+        world = self.spec.job(ranks)
         master_env = self.rank_env(world[0], world, env)  # one port for the whole job
         # NOTE: a port per attempt: the store of a killed attempt may still hold the old one
         port = str(int(master_env["MASTER_PORT"]) + (attempt if not self.spec.simulate else 0))
@@ -227,26 +214,11 @@ class EmulatedCluster:
     # ---- links -------------------------------------------------------------------------
     def measure_links(self) -> list[float | None]:
         """Each rank's upload throughput (Mbit/s) to a sink on the bridge, one rank at a time."""
-        # NOTE: run the file, not `-m hetero_strategy...`: importing the package imports Lightning (seconds).
-        py = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]
-        sink = subprocess.Popen(["ip", "netns", "exec", netns.bridge_ns(self.tag), *py, "sink", netns.SINK_ADDR,
-                                 str(_PROBE_PORT), str(len(self.spec.node_firsts))], stdout=subprocess.PIPE,
-                                text=True)
-        try:
-            if sink.stdout.readline().strip() != "ready":
-                raise EmulatorError("link probe sink did not start in the bridge namespace")
-            per_ns = {}
-            for k in self.spec.node_firsts:  # a node's ranks share its link: probe it once
-                rate = self.spec.rates_bps[k]
-                nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.4, 1 << 20), 32 << 20))
-                res = self.exec(k, [*py, "send", netns.SINK_ADDR, str(_PROBE_PORT), str(nbytes)], quota=False)
-                if res.returncode != 0:
-                    raise EmulatorError(f"link probe of rank {k} failed: {res.stderr.strip()[-500:]}")
-                per_ns[self.spec.node_of[k]] = float(res.stdout.split()[-1])
-            return [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
-        finally:
-            sink.kill()
-            sink.wait(timeout=5)
+        firsts = self.spec.node_firsts  # a node's ranks share its link: probe it once
+        measured = measure_uploads(netns.bridge_ns(self.tag), netns.SINK_ADDR,
+                                   {k: self.spec.rates_bps[k] for k in firsts},
+                                   lambda k, argv: self.exec(k, argv, quota=False))
+        return [measured[firsts[self.spec.node_of[k]]] for k in range(self.spec.nproc)]
 
     def describe(self) -> list[dict]:
         """One row per rank: what the cluster is (for tables and JSON)."""
@@ -258,51 +230,6 @@ class EmulatedCluster:
             "netns": None if self.spec.simulate else self.nets[k].netns,
             "measured_mbit_s": self.measured_mbit[k], "mtu": None if self.spec.simulate else self.spec.mtu,
         } for k in range(self.spec.nproc)]
-
-
-def clean_stale() -> list[str]:
-    """Remove namespaces and cgroups left by emulate processes that no longer exist (e.g. SIGKILLed)."""
-    removed = []
-    for name in netns.emulator_namespaces():
-        if not _alive(netns.owner_pid(name)):
-            netns.remove_namespace(name)
-            removed.append(f"netns {name}")
-    try:
-        root, _ = cgroup_cpu_root()
-    except EmulatorError:
-        return removed
-    for d in sorted(root.glob(f"{netns.PREFIX}*")):
-        if d.is_dir() and not _alive(netns.owner_pid(d.name)):
-            remove_cgroup(d)
-            removed.append(f"cgroup {d}")
-    return removed
-
-
-def leftovers() -> list[str]:
-    """Everything with the emulator's prefix that exists now (namespaces, interfaces, cgroups)."""
-    found = [f"netns {n}" for n in netns.emulator_namespaces()]
-    links = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True, text=True, timeout=10).stdout
-    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if netns.PREFIX in line]
-    try:
-        root, _ = cgroup_cpu_root()
-        found += [f"cgroup {d}" for d in root.glob(f"{netns.PREFIX}*")]
-    except EmulatorError:
-        pass
-    return found
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return Path(f"/proc/{pid}").exists()
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hetero_strategy.emulate.throttle import DutyCycle
 
-__all__ = ["RankProcess", "RunResult", "die_with_parent", "request_stop", "supervise"]
+__all__ = ["RankProcess", "RunResult", "die_with_parent", "request_stop", "run_with_restarts", "supervise"]
 
 _POLL_S = 0.05
 _TERM_GRACE_S = 3.0
@@ -61,6 +61,23 @@ class RunResult:
             code = self.returncodes[self.failed_rank]
             return code if code > 0 else 128 + (-code)  # killed by a signal: shell convention
         return next((c for c in self.returncodes if c != 0), 0)
+
+
+def run_with_restarts(attempt: Callable[[int, float], RunResult], timeout: float, max_restarts: int,
+                      on_restart: Callable[[RunResult, int], None] | None = None) -> RunResult:
+    """As ``torchrun --max-restarts``: ``attempt(k, seconds_left)`` runs the whole job for the k-th
+    time (0 first); a failed job starts again, at most ``max_restarts`` times, while ``timeout``
+    (covering all attempts) lasts. ``on_restart(result, k)`` is told of each restart."""
+    deadline = time.monotonic() + timeout
+    k = 0
+    while True:  # at most max_restarts + 1 attempts
+        result = attempt(k, max(1.0, deadline - time.monotonic()))
+        result.restarts = k
+        if result.ok or result.timed_out or k == max_restarts:
+            return result
+        k += 1
+        if on_restart is not None:
+            on_restart(result, k)
 
 
 def supervise(ranks: Sequence[RankProcess], timeout: float, capture: bool = True) -> RunResult:

@@ -4,18 +4,57 @@
     python linkprobe.py send HOST PORT BYTES   # prints Mbit/s measured by the sink
 
 The sink times from the first to the last byte it receives, so connection set-up is excluded.
+:func:`measure_uploads` drives both ends for an emulated cluster: a sink in the bridge namespace,
+one sender at a time in each rank's namespace.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
-__all__ = ["send", "sink"]
+__all__ = ["measure_uploads", "send", "sink"]
 
 _TIMEOUT_S = 60.0
+_PROBE_PORT = 5999
+
+
+def measure_uploads(bridge_netns: str, sink_addr: str, rates_bps: Mapping[int, float | None],
+                    run_in: Callable[[int, list[str]], subprocess.CompletedProcess]) -> dict[int, float]:
+    """Upload throughput (Mbit/s) of each sending rank to a sink in ``bridge_netns``, one at a time.
+
+    Args:
+        bridge_netns: the namespace the sink runs in (the cluster's bridge).
+        sink_addr: the sink's address on the bridge.
+        rates_bps: rank -> its configured rate (None: unshaped), which sizes a transfer of ~0.4 s.
+        run_in: ``run_in(rank, argv)`` runs ``argv`` in the rank's namespace and returns its result.
+    """
+    # NOTE: imported here: this file also runs as a bare script (sink/send), where importing the
+    # package would import Lightning (seconds); for the same reason the file runs, not `-m ...`.
+    from hetero_strategy.emulate.system import EmulatorError
+
+    py = [sys.executable, str(Path(__file__))]
+    sink_proc = subprocess.Popen(["ip", "netns", "exec", bridge_netns, *py, "sink", sink_addr, str(_PROBE_PORT),
+                                  str(len(rates_bps))], stdout=subprocess.PIPE, text=True)
+    try:
+        if sink_proc.stdout.readline().strip() != "ready":
+            raise EmulatorError("link probe sink did not start in the bridge namespace")
+        measured = {}
+        for rank, rate in rates_bps.items():
+            nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.4, 1 << 20), 32 << 20))
+            res = run_in(rank, [*py, "send", sink_addr, str(_PROBE_PORT), str(nbytes)])
+            if res.returncode != 0:
+                raise EmulatorError(f"link probe of rank {rank} failed: {res.stderr.strip()[-500:]}")
+            measured[rank] = float(res.stdout.split()[-1])
+        return measured
+    finally:
+        sink_proc.kill()
+        sink_proc.wait(timeout=5)
 
 
 def sink(host: str, port: int, count: int) -> None:

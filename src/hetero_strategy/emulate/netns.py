@@ -27,6 +27,7 @@ __all__ = [
     "emulator_namespaces",
     "owner_pid",
     "remove_namespace",
+    "remove_network",
     "tbf_args",
 ]
 
@@ -113,3 +114,13 @@ def remove_namespace(name: str) -> None:
     pids = [int(p) for p in sh("ip", "netns", "pids", name, check=False).stdout.split() if p.isdigit()]
     kill_pids([p for p in pids if p != os.getpid()], signal.SIGKILL)
     sh("ip", "netns", "delete", name, check=False)
+
+
+def remove_network(tag: str, namespaces: list[str]) -> None:
+    """Delete cluster ``tag``'s ``namespaces``, its bridge, and any other namespace carrying its tag
+    (a partially built cluster)."""
+    for name in list(dict.fromkeys(namespaces)) + [bridge_ns(tag)]:
+        remove_namespace(name)
+    for name in emulator_namespaces():
+        if name.startswith(f"{PREFIX}{tag}-"):
+            remove_namespace(name)

@@ -3,6 +3,8 @@ and the links' MTU."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetero_strategy.cluster.tiers import classify_tier, parse_rate
@@ -93,6 +95,17 @@ class ClusterSpec:
     def node_firsts(self) -> list[int]:
         """The first rank of each namespace (each rank's own without nodes=)."""
         return [k for k in range(self.nproc) if k == 0 or self.node_of[k] != self.node_of[k - 1]]
+
+    def job(self, ranks: Sequence[int] | None) -> list[int]:
+        """The cluster ranks of a job (None: every rank), in torchrun's order: each node's together."""
+        world = list(range(self.nproc)) if ranks is None else list(ranks)
+        if not world or len(set(world)) != len(world) or not all(0 <= r < self.nproc for r in world):
+            raise ValueError(f"ranks={world!r} is invalid: give distinct ranks of this {self.nproc}-rank cluster")
+        nodes = [self.node_of[r] for r in world]
+        if any(a != b and b in nodes[:i] for i, (a, b) in enumerate(itertools.pairwise(nodes), 1)):
+            # torchrun numbers ranks node by node (RANK = the node's base + LOCAL_RANK)
+            raise ValueError(f"ranks={world!r} is invalid: list each node's ranks together (nodes {nodes})")
+        return world
 
     @property
     def nproc(self) -> int:

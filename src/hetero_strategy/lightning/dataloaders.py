@@ -1,13 +1,44 @@
-"""Lightning's loaders under hetero: who places the samplers, and evaluation loaders sharded as
-Lightning's DDP would, keeping shuffle."""
+"""Lightning's loaders under hetero: who places the samplers, the training loader the runtime
+splits, and evaluation loaders sharded as Lightning's DDP would, keeping shuffle."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-__all__ = ["distributed_eval_loader", "lightning_is_shuffled", "take_over_samplers"]
+__all__ = ["LoaderPlacement", "distributed_eval_loader", "lightning_is_shuffled", "take_over_samplers"]
+
+
+class LoaderPlacement:
+    """Which loader each stage of a run gets; HeteroStrategy holds one.
+
+    ``setup`` takes sampler placement over from Lightning (:func:`take_over_samplers`) and keeps
+    the user's ``use_distributed_sampler``; ``place`` gives training the runtime's capacity-sized
+    loader, validation and test Lightning's DistributedSampler, and predict Lightning's own.
+    """
+
+    def __init__(self) -> None:
+        self.use_distributed_sampler = True
+
+    def setup(self, trainer: Any) -> None:
+        self.use_distributed_sampler = take_over_samplers(trainer)
+
+    def place(self, loader: DataLoader, trainer: Any, runtime: Any, *, measure: Callable[..., Any],
+              seed: int | None, world_size: int, rank: int) -> DataLoader:
+        """The loader ``trainer``'s current stage runs; ``measure`` is the start-up probe of the model."""
+        from lightning.pytorch.trainer.states import RunningStage
+
+        stage = trainer.state.stage
+        if stage == RunningStage.TRAINING:
+            seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
+            return runtime.train_loader(loader, seed=seed, measure=measure, shuffle=lightning_is_shuffled(loader),
+                                        accumulate=trainer.accumulate_grad_batches)
+        if self.use_distributed_sampler and stage != RunningStage.PREDICTING:  # Lightning's own
+            return distributed_eval_loader(loader, world_size, rank, stage)
+        return loader
 
 
 def take_over_samplers(trainer: Any) -> bool:

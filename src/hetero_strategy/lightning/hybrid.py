@@ -1,6 +1,7 @@
 """HeteroStrategy's wiring of ``mode="hybrid"`` (local-SGD phases) to Lightning's loop.
 
-Everything here reads Lightning objects and forwards to the runtime's hybrid events
+HeteroStrategy holds one :class:`HybridLoop`: its ``setup``, ``optimizer_step`` and ``reduce``
+call it. Everything here reads Lightning objects and forwards to the runtime's hybrid events
 (:mod:`hetero_strategy.runtime.hybrid_events`); the protocol itself lives in
 :mod:`hetero_strategy.hybrid`. Where each event comes from:
 
@@ -42,20 +43,22 @@ __all__ = ["HybridCallback", "HybridLoop", "check_hybrid_monitor", "check_hybrid
 
 
 class HybridCallback(Callback):
-    """The runtime's hybrid events that Lightning offers as callback hooks (HeteroStrategy puts it
-    first in ``trainer.callbacks``).
+    """The runtime's hybrid events that Lightning offers as callback hooks (HybridLoop.setup puts
+    it first in ``trainer.callbacks``).
 
     Args:
-        strategy: the HeteroStrategy (its ``runtime`` and ``hybrid_monitor``).
+        runtime: the run's HeteroRuntime (a fit's setup installs a new callback with its runtime).
+        monitor: the key whose validation value feeds the phase schedule (``hybrid_monitor``).
     """
 
-    def __init__(self, strategy: Any) -> None:
-        self.strategy = strategy
+    def __init__(self, runtime: Any, monitor: str) -> None:
+        self.runtime = runtime
+        self.monitor = monitor
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         # NOTE: after the closure and after MixedPrecision unscaled the gradients (plugins/precision/amp.py):
         # clipping at the closure's end would act on fp16-scaled gradients
-        self.strategy.runtime.before_optimizer_step(optimizer)
+        self.runtime.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # NOTE: Lightning raises SIGTERMException right after this batch on a rank that got the
@@ -74,47 +77,59 @@ class HybridCallback(Callback):
     def _join_if_apart(self) -> None:
         # NOTE: not "if not synced": a rank that just ended a period is synced while its peer is not;
         # join() itself does nothing where every rank already joined with no local step since
-        self.strategy.runtime.join()
+        self.runtime.join()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
-            self.strategy.runtime.evaluated(monitored_value(trainer, self.strategy.hybrid_monitor))
+            self.runtime.evaluated(monitored_value(trainer, self.monitor))
 
 
 class HybridLoop:
-    """Mixin of HeteroStrategy (before DDPStrategy): the hybrid events from Lightning's hooks.
-    Needs ``runtime``, ``model``, ``hybrid_monitor``, ``_trainer()`` and ``_log_metrics``; all
-    no-ops in mode="sync"."""
+    """The ``mode="hybrid"`` part HeteroStrategy holds: what the strategy's ``setup``,
+    ``optimizer_step`` and ``reduce`` add in local-SGD phases; each is a no-op in mode="sync".
+    Every method takes the strategy's current runtime (each run of a Trainer builds a new one).
 
-    def setup_hybrid(self, trainer: Any) -> None:
+    Args:
+        monitor: the key ``validation_step`` logs whose value feeds the phase schedule.
+    """
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor  # checked with the strategy's other keywords (lightning.options)
+
+    def setup(self, trainer: Any, runtime: Any) -> None:
+        """Refuse what would deadlock mid-epoch, keep SIGTERM local, put HybridCallback first."""
         # NOTE: fit only: validate/test/predict take no local steps, so nothing here applies to them
-        if self.runtime.hybrid is not None and trainer.state.fn == TrainerFn.FITTING:
-            require_lightning_internals(trainer)
-            check_hybrid_trainer(trainer)
-            local_sigterm(trainer)
-            trainer.callbacks[:] = [HybridCallback(self)] + [
-                cb for cb in trainer.callbacks if not isinstance(cb, HybridCallback)]
-            from lightning.pytorch.utilities.model_helpers import is_overridden
+        if runtime.hybrid is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        require_lightning_internals(trainer)
+        check_hybrid_trainer(trainer)
+        local_sigterm(trainer)
+        trainer.callbacks[:] = [HybridCallback(runtime, self.monitor)] + [
+            cb for cb in trainer.callbacks if not isinstance(cb, HybridCallback)]
+        from lightning.pytorch.utilities.model_helpers import is_overridden
 
-            if not is_overridden("validation_step", trainer.lightning_module):
-                self.runtime.info_warning(f"hetero: mode='hybrid' without a validation_step: nothing feeds the phase "
-                                          f"schedule, so training stays in phase 0 (sync period "
-                                          f"{self.runtime.hybrid.schedule.period}) to the end; log "
-                                          f"{self.hybrid_monitor!r} in validation_step to move on")
+        if not is_overridden("validation_step", trainer.lightning_module):
+            runtime.info_warning(f"hetero: mode='hybrid' without a validation_step: nothing feeds the phase "
+                                 f"schedule, so training stays in phase 0 (sync period "
+                                 f"{runtime.hybrid.schedule.period}) to the end; log "
+                                 f"{self.monitor!r} in validation_step to move on")
 
-    def hybrid_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        return closure if self.runtime.hybrid is None else local_closure(closure, self.model, self.runtime)
+    def closure(self, closure: Callable[[], Any], ddp_model: Any, runtime: Any) -> Callable[[], Any]:
+        """Lightning's closure, as a local step in mode="hybrid"."""
+        return closure if runtime.hybrid is None else local_closure(closure, ddp_model, runtime)
 
-    def hybrid_step_end(self, trainer: Any) -> None:
-        """After the optimizer step (and its step_end): the join where this rank's training stops."""
-        if self.runtime.hybrid is not None and trainer is not None and training_stops_here(trainer):
-            # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
-            self.runtime.join()
-            self._log_metrics(trainer)
+    def join_if_done(self, trainer: Any, runtime: Any) -> bool:
+        """After the optimizer step (and its step_end): the join where this rank's training stops;
+        True when it joined."""
+        if runtime.hybrid is None or trainer is None or not training_stops_here(trainer):
+            return False
+        # NOTE: here, not in an epoch-end hook: Lightning's epoch end runs collectives of its own
+        runtime.join()
+        return True
 
-    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        refuse_synced_log(self.runtime, in_training_batch(self._trainer()))
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+    def check_reduce(self, trainer: Any, runtime: Any) -> None:
+        """Before Lightning's ``reduce``: refuse a synced log inside a local phase's training batch."""
+        refuse_synced_log(runtime, in_training_batch(trainer))
 
 
 def check_hybrid_monitor(value: Any) -> None:

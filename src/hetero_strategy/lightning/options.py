@@ -1,4 +1,5 @@
-"""Helpers of HeteroStrategy that read Lightning objects: the run's length, the DDP keywords."""
+"""HeteroStrategy's keywords (its HeteroConfig, and what it refuses at construction), and the
+helpers of its steps that read Lightning objects: the run's length, the non-finite rule."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_strategy.config import ConfigError
+from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
+from hetero_strategy.lightning.checkpoints import check_state_dict_type
+from hetero_strategy.lightning.hybrid import check_hybrid_monitor
 
-__all__ = ["check_checkpoint_dir", "check_ddp_kwargs", "dropping_nonfinite", "max_steps_of"]
+__all__ = ["check_checkpoint_dir", "check_ddp_kwargs", "dropping_nonfinite", "max_steps_of", "refuse_comm_hooks",
+           "strategy_config"]
 
 
 def max_steps_of(trainer: Any) -> int | Any | None:
@@ -24,6 +28,24 @@ def max_steps_of(trainer: Any) -> int | Any | None:
     return None
 
 
+def strategy_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
+    """HeteroStrategy's HeteroConfig: ``config`` with the fields given as keywords on top (those of
+    ``named``, the constructor's own, that are set, and those of ``kwargs``, popped from it); every
+    keyword checked here, before anything is built."""
+    owners = field_owners()
+    flat = {k: v for k, v in named.items() if k in owners and v is not None}
+    flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
+    if named.get("compression") is not None:
+        flat["compression"] = named["compression"]
+    resolved = HeteroConfig.resolve(config, flat)
+    check_ddp_kwargs(kwargs)
+    check_checkpoint_dir(resolved)
+    check_state_dict_type(named["state_dict_type"])
+    check_hybrid_monitor(named["hybrid_monitor"])
+    refuse_comm_hooks(kwargs)
+    return resolved
+
+
 def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keywords neither hetero nor DDP knows, here rather than deep inside DDP's constructor."""
     known = set(inspect.signature(DistributedDataParallel.__init__).parameters) | set(
@@ -33,6 +55,14 @@ def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
         if key not in known or key in ("self", "module", "kwargs"):
             raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroStrategy takes the fields of "
                               "HeteroConfig plus DDPStrategy/DistributedDataParallel keywords")
+
+
+def refuse_comm_hooks(kwargs: dict[str, Any]) -> None:
+    """DDPStrategy's comm-hook keywords: HeteroStrategy registers its own hook."""
+    for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
+        if kwargs.get(name) is not None:
+            raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
+                              "comm hook; choose a codec with compression=... instead")
 
 
 def check_checkpoint_dir(config: Any) -> None:

@@ -15,7 +15,30 @@ from typing import Any
 from lightning.pytorch.plugins.precision import Precision
 from typing_extensions import override
 
-__all__ = ["HeteroPrecision"]
+from hetero_strategy.config import ConfigError
+
+__all__ = ["HeteroPrecision", "check_trainer_precision", "policy_plugin"]
+
+
+def policy_plugin(policy: Any, precision_plugin: Any, runtime: Callable[[], Any]) -> Any:
+    """The precision plugin HeteroStrategy runs with: a HeteroPrecision under a precision policy
+    (refusing a plugin of the user's beside it), else the user's (None: Lightning decides)."""
+    if policy is None:
+        return precision_plugin
+    if precision_plugin is not None:
+        raise ConfigError(f"precision_plugin={precision_plugin!r} is invalid with precision_policy={policy!r}: the "
+                          "policy installs its own plugin; drop one of them")
+    return HeteroPrecision(runtime)
+
+
+def check_trainer_precision(trainer: Any, policy: Any) -> None:
+    """Refuse ``Trainer(precision=...)`` beside a precision policy."""
+    flag = trainer._accelerator_connector._precision_flag
+    if policy is not None and flag != "32-true":
+        # NOTE: Lightning would silently ignore Trainer(precision=...) beside our plugin
+        raise ConfigError(f"Trainer(precision={flag!r}) conflicts with precision_policy={policy!r}: the policy picks "
+                          "each rank's dtype; drop Trainer's precision (or drop precision_policy to let Lightning "
+                          "decide)")
 
 
 class HeteroPrecision(Precision):

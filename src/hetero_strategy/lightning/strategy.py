@@ -1,40 +1,32 @@
 """``HeteroStrategy``: Lightning's DDP with capacity-sized per-rank batches and weighted reduction.
 
-Lifecycle (each step is a small override of ``DDPStrategy``)::
+Lifecycle (each step is a small override of ``DDPStrategy`` that calls ``super()``)::
 
     setup_environment     -> the runtime (a later run of the Trainer's model goes on from the earlier
                              one's), and this rank's dtype under precision_policy
-    setup                 -> remember the user's use_distributed_sampler; we place samplers ourselves
+    setup                 -> hetero places the samplers; mode="hybrid": HybridCallback (lightning.hybrid)
     _register_ddp_hooks   -> register our comm hook on every device (Lightning does it on CUDA only)
     process_dataloader    -> train: probe/split, HeteroBatchSampler; val/test: DistributedSampler
     on_train_batch_start  -> set this rank's reduction weight b_r / G_t for the step
     training_step/backward-> a timed-out collective becomes a StallError naming peer, phase, step
     optimizer_step        -> the non-finite rule, per-rank timings, metrics; in mode="hybrid" the
                              local step (no_sync), the period's sync, join at the epoch's end
-    setup (mode="hybrid") -> HybridCallback first in trainer.callbacks: local clipping after fp16 unscaling,
-                             the phase schedule at validation end (before ModelCheckpoint saves)
+    reduce                -> mode="hybrid": no sync_dist=True log inside a local phase's batch
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
-Example::
-
-    import lightning as L
-    import hetero_strategy  # registers strategy="hetero"
-
-    trainer = L.Trainer(strategy="hetero", accelerator="cpu", devices=2)
-    trainer = L.Trainer(strategy=hetero_strategy.HeteroStrategy(batch_sizes=[3, 13]), devices=2)
+Its parts are held, not inherited, and the overrides call them: the runtime (built per run), and
+from ``hetero_strategy.lightning``: LoaderPlacement, CheckpointFormats and HybridLoop.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -43,38 +35,38 @@ from typing_extensions import override
 from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
-from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
-from hetero_strategy.lightning.checkpoints import CheckpointFormats, check_state_dict_type
-from hetero_strategy.lightning.dataloaders import (
-    distributed_eval_loader,
-    lightning_is_shuffled,
-    take_over_samplers,
-)
+from hetero_strategy.config import HeteroConfig
+from hetero_strategy.lightning.checkpoints import CheckpointFormats, readable_checkpoint
+from hetero_strategy.lightning.dataloaders import LoaderPlacement
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
-from hetero_strategy.lightning.hybrid import HybridLoop, check_hybrid_monitor
-from hetero_strategy.lightning.options import (
-    check_checkpoint_dir,
-    check_ddp_kwargs,
-    dropping_nonfinite,
-    max_steps_of,
-)
+from hetero_strategy.lightning.hybrid import HybridLoop
+from hetero_strategy.lightning.metrics import log_runtime_metrics
+from hetero_strategy.lightning.options import dropping_nonfinite, max_steps_of, strategy_config
+from hetero_strategy.lightning.precision import check_trainer_precision, policy_plugin
 from hetero_strategy.lightning.probe import probe_lightning_module
 from hetero_strategy.lightning.runs import Owner, carried_runtime
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
+from hetero_strategy.runtime.sharded_io import is_sharded
 
 __all__ = ["HeteroStrategy"]
 
 
-class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
+class HeteroStrategy(DDPStrategy):
     """DDP for heterogeneous clusters.
 
     The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
     size is what plain DDP would use, split across ranks by capacity. The reduced gradient is
     sum_r b_r g_r / G, so training follows one process with batch G.
 
-    ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``checkpoint_io``,
-    ``precision_plugin``, ``process_group_backend``, ``timeout`` and ``start_method`` are
-    Lightning's ``DDPStrategy`` arguments.
+    The keywords from ``accelerator`` to ``start_method`` are Lightning's ``DDPStrategy`` arguments.
+
+    Example::
+
+        import lightning as L
+        import hetero_strategy  # registers strategy="hetero"
+
+        trainer = L.Trainer(strategy="hetero", accelerator="cpu", devices=2)
+        trainer = L.Trainer(strategy=hetero_strategy.HeteroStrategy(batch_sizes=[3, 13]), devices=2)
 
     Args:
         config: a :class:`HeteroConfig`, or the path of a YAML file holding one.
@@ -114,57 +106,28 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
         precision_policy: str | list[str] | dict[str, str] | None = None,
         state_dict_type: str = "full",
         hybrid_monitor: str = "val_loss",
-        accelerator: Any = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = timedelta(minutes=30),
-        start_method: str = "popen",
+        # Lightning's DDPStrategy arguments
+        accelerator: Any = None, parallel_devices: list[torch.device] | None = None, cluster_environment: Any = None,
+        checkpoint_io: Any = None, precision_plugin: Any = None, process_group_backend: str | None = None,
+        timeout: timedelta | None = timedelta(minutes=30), start_method: str = "popen",
         **kwargs: Any,
     ) -> None:
-        owners = field_owners()
-        flat = {k: v for k, v in locals().items() if k in owners and v is not None}
-        flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
-        if compression is not None:
-            flat["compression"] = compression
-        self.hetero_config = HeteroConfig.resolve(config, flat)
-        check_ddp_kwargs(kwargs)
-        check_checkpoint_dir(self.hetero_config)
-        check_state_dict_type(state_dict_type)
+        self.hetero_config = strategy_config(config, dict(locals()), kwargs)  # pops config fields from kwargs
         self.state_dict_type = state_dict_type
-        check_hybrid_monitor(hybrid_monitor)
-        self.hybrid_monitor = hybrid_monitor
-        for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
-            if kwargs.get(name) is not None:
-                raise ConfigError(f"{name}={kwargs[name]!r} is invalid with HeteroStrategy: it registers its own "
-                                  "comm hook; choose a codec with compression=... instead")
-        if self.hetero_config.precision.precision_policy is not None:
-            if precision_plugin is not None:
-                raise ConfigError(f"precision_plugin={precision_plugin!r} is invalid with precision_policy="
-                                  f"{self.hetero_config.precision.precision_policy!r}: the policy installs its own "
-                                  "plugin; drop one of them")
-            from hetero_strategy.lightning.precision import HeteroPrecision
-
-            precision_plugin = HeteroPrecision(lambda: self.runtime)
+        precision_plugin = policy_plugin(self.hetero_config.precision.precision_policy, precision_plugin,
+                                         lambda: self.runtime)
         # Gradients as views into DDP's buckets: no copy of the whole gradient into the buckets
         # and back each step (measurable on a slow device). Pass False to get DDP's default back.
         kwargs.setdefault("gradient_as_bucket_view", True)
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            **kwargs,
-        )
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method, **kwargs)
         self._runtime: HeteroRuntime | None = None
         self._owner: Owner | None = None  # (trainer, module) of the last run
-        self._use_distributed_sampler = True
+        self._loaders = LoaderPlacement()  # who places the samplers, per stage
+        self._checkpoints = CheckpointFormats()  # "full" and "sharded", with the writer between saves
+        self._hybrid = HybridLoop(hybrid_monitor)  # mode="hybrid": local-SGD phases in Lightning's loop
 
     # ---- registry ------------------------------------------------------------------------
     @classmethod
@@ -200,20 +163,18 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     def timer(self) -> StepTimer | None:
         return None if self._runtime is None else self._runtime.timer
 
+    @property
+    def hybrid_monitor(self) -> str:
+        return self._hybrid.monitor
+
     # ---- setup ---------------------------------------------------------------------------
     @override
     def setup(self, trainer: Any) -> None:
-        self._use_distributed_sampler = take_over_samplers(trainer)  # placed in process_dataloader
-        connector = trainer._accelerator_connector
-        policy = self.hetero_config.precision.precision_policy
-        if policy is not None and connector._precision_flag != "32-true":
-            # NOTE: Lightning would silently ignore Trainer(precision=...) beside our plugin
-            raise ConfigError(f"Trainer(precision={connector._precision_flag!r}) conflicts with precision_policy="
-                              f"{policy!r}: the policy picks each rank's dtype; drop Trainer's precision "
-                              "(or drop precision_policy to let Lightning decide)")
+        self._loaders.setup(trainer)  # hetero places the samplers (process_dataloader)
+        check_trainer_precision(trainer, self.hetero_config.precision.precision_policy)
         if self.runtime.precision is not None:
             self.runtime.precision.keep_fp32(trainer.lightning_module)
-        self.setup_hybrid(trainer)
+        self._hybrid.setup(trainer, self.runtime)
         super().setup(trainer)
         # the optimizers exist from here; Lightning's fp16 plugin holds a GradScaler
         self.runtime.check_local_clipping(self.optimizers, getattr(self.precision_plugin, "scaler", None) is not None)
@@ -252,15 +213,8 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
         trainer = self._trainer()
         if not isinstance(dataloader, DataLoader) or trainer is None:
             return dataloader
-        if trainer.state.stage == RunningStage.TRAINING:
-            cfg = self.hetero_config.balance
-            seed = cfg.seed if cfg.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
-            return self.runtime.train_loader(dataloader, seed=seed, measure=self._measure,
-                                             shuffle=lightning_is_shuffled(dataloader),
-                                             accumulate=trainer.accumulate_grad_batches)
-        if self._use_distributed_sampler and trainer.state.stage != RunningStage.PREDICTING:  # Lightning's own
-            return distributed_eval_loader(dataloader, self.world_size, self.global_rank, trainer.state.stage)
-        return dataloader
+        return self._loaders.place(dataloader, trainer, self.runtime, measure=self._measure, rank=self.global_rank,
+                                   seed=self.hetero_config.balance.seed, world_size=self.world_size)
 
     def _measure(self, batches: list[tuple[Any, int]], exchange: ProbeExchange) -> StepCost | None:
         """The probe of the real model's training_step, batches moved to this rank's device."""
@@ -294,24 +248,52 @@ class HeteroStrategy(CheckpointFormats, HybridLoop, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self.runtime.precision is None and getattr(self.precision_plugin, "scaler", None) is None:
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
-        out = super().optimizer_step(optimizer, self.hybrid_closure(closure), model, **kwargs)
+        out = super().optimizer_step(optimizer, self._hybrid.closure(closure, self.model, self.runtime), model,
+                                     **kwargs)
         trainer = self._trainer()
         self.runtime.step_end(trainer.global_step if trainer is not None else None)
-        self._log_metrics(trainer)
-        self.hybrid_step_end(trainer)
+        log_runtime_metrics(self.lightning_module, trainer, self.runtime)
+        if self._hybrid.join_if_done(trainer, self.runtime):  # this rank's training stops here
+            log_runtime_metrics(self.lightning_module, trainer, self.runtime)
         return out
 
-    def _log_metrics(self, trainer: Any) -> None:
-        # Lightning's logging cadence, at points every rank reaches alike, so all join the all-gather.
-        if (trainer is not None and self.sampler is not None and trainer.logger is not None
-                and self.runtime.metrics_point(trainer.global_step, trainer.log_every_n_steps)):
-            with self.runtime.phase("metrics"):
-                metrics = self.runtime.metrics()
-            self.lightning_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False)
+    @override
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        self._hybrid.check_reduce(self._trainer(), self.runtime)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    # ---- checkpoints (see hetero_strategy.lightning.checkpoints) ---------------------------
+    def hetero_state_dict(self) -> dict:
+        """This rank's hetero state: sampler schedule, hook state (e.g. residuals), calibrator."""
+        return self.runtime.state_dict()
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        self.runtime.require_synced("a checkpoint save")
+        if self.state_dict_type == "sharded":
+            self._checkpoints.save_sharded(checkpoint, filepath, storage_options, self.runtime)
+            return
+        self._checkpoints.gather_into(checkpoint, self.runtime)  # Lightning writes rank 0's file only
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if not self._checkpoints.remove_after_commit(filepath):
+            super().remove_checkpoint(filepath)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        self._checkpoints.settle()
+        if is_sharded(checkpoint_path):
+            model_state = self.lightning_module.state_dict()  # read in place: no second copy of the model
+            return self._checkpoints.load_sharded(checkpoint_path, model_state, self.runtime)
+        with readable_checkpoint(checkpoint_path):
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        return self._checkpoints.restore(checkpoint, self.runtime)
 
     @override
     def teardown(self) -> None:
-        self.close_checkpoints()
+        self._checkpoints.close()
         if self._runtime is not None:
             self._runtime.close()
         super().teardown()
