@@ -61,7 +61,7 @@ def test_a_nonfinite_delta_comes_back_nan_everywhere_and_its_rank_keeps_its_resi
         assert torch.isnan(ranks[r]["sums"][1]).all()
     # rank 1 keeps its last finite residual whole; rank 0 (finite) commits as on any exchange
     torch.testing.assert_close(ranks[1]["residuals"][1], res0[1], rtol=0, atol=0)
-    sent1_r0, res1_r0 = _topk_ef(_delta(0, 1) + res0[0], K)
+    _, res1_r0 = _topk_ef(_delta(0, 1) + res0[0], K)
     torch.testing.assert_close(ranks[0]["residuals"][1], res1_r0, rtol=0, atol=0)
     # the next exchange goes on from those residuals: nothing of the NaN is left anywhere
     sent2 = [_topk_ef(_delta(0, 2) + res1_r0, K), _topk_ef(_delta(1, 2) + res0[1], K)]
