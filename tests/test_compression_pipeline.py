@@ -27,13 +27,13 @@ def _net() -> nn.Module:
 def _train(rank: int, world: int, method: str, density: float) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    from hetero_strategy.hooks import CompressedState, compressed_hooks, topk_hook
+    from hetero_strategy.hooks import CompressedState, topk_ef, topk_hook
     from hetero_strategy.precision import CoordinatedScaler
 
     init_gloo(rank, world)
-    issued, real_issue = [], compressed_hooks.issue_chunk
+    issued, real_issue = [], topk_ef.issue_chunk
     # count chunks, and those holding sparse and dense parameters at once (decoded both ways)
-    compressed_hooks.issue_chunk = lambda st, c: issued.append(any(c.sparse) and not all(c.sparse)) or real_issue(st, c)
+    topk_ef.issue_chunk = lambda st, c: issued.append(any(c.sparse) and not all(c.sparse)) or real_issue(st, c)
     x = torch.randn(64, 7, generator=torch.Generator().manual_seed(rank))
     y = torch.randn(64, 3, generator=torch.Generator().manual_seed(10 + rank))
     out, chunks, mixed = {}, {}, 0

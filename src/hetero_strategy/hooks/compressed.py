@@ -46,6 +46,7 @@ from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
 from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
+from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
 __all__ = ["CompressedState"]
@@ -72,7 +73,7 @@ class CompressedState(WeightedReduceState):
         # hyper-parameters
         "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
-        "cost", "memory", "dirty", "streams", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
+        "cost", "memory", "topk", "dirty", "streams", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
         "_acc_fallback",
         # stats
         "density", "dense_fallback", "total_bytes_sent", "total_bytes_received",
@@ -116,6 +117,8 @@ class CompressedState(WeightedReduceState):
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
+        # the Top-K exchange over the (leaders') exchange group, on the same residuals
+        self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory)
         self.streams = SideStreams(enabled=config.side_streams)
         # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
         # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
@@ -175,9 +178,9 @@ class CompressedState(WeightedReduceState):
         if isinstance(steps, (int, float)) and math.isfinite(steps) and steps > 0:
             self.schedule = dataclasses.replace(self.schedule, period=int(steps))
 
-    def plan(self, step: int, sizes: "list[int]") -> "tuple[list[bool], list[int], list[int], list[bool]]":
-        """Per parameter of a bucket: (sparse?, this rank's k, capacity = max k over ranks,
-        sent whole because compressing it does not pay?).
+    def plan(self, step: int, sizes: "list[int]") -> TopKPlan:
+        """Per parameter of a bucket: sparse?, this rank's k, capacity = max k over ranks, and sent
+        whole because compressing it does not pay? (a :class:`TopKPlan`).
 
         Decided per parameter (not per bucket) so that results do not depend on DDP's bucket
         layout, which changes after step 1 and differs again after a resume. A parameter goes
@@ -200,7 +203,7 @@ class CompressedState(WeightedReduceState):
             whole.append(not pays and self.cost is not None)
             mine.append(n if whole[-1] else self.schedule.k_for(n, mine_d))
             caps.append(cap if pays else n)
-        return sparse, mine, caps, whole
+        return TopKPlan(sparse, mine, caps, whole)
 
     def stages_for(self, sizes: "list[int]", sparse: "list[bool]", caps: "list[int]") -> int:
         """Chunks to cut a bucket into (``pipeline_stages``); "auto": ceil(T_codec / T_comm) + 1,
@@ -235,9 +238,10 @@ class CompressedState(WeightedReduceState):
         self.total_bytes_sent = int(state.get("total_bytes_sent", 0))
         self.total_bytes_received = int(state.get("total_bytes_received", 0))
 
-    # ---- helpers used by the hooks -------------------------------------------------------------
-    def _scale(self, bucket: dist.GradBucket, clip: bool) -> None:
-        """buffer *= b_r/G, after clipping this rank's gradient to its share of clip_norm."""
+    # ---- what the hooks do to a bucket and count of it ------------------------------------------
+    def scale_bucket(self, bucket: dist.GradBucket, clip: bool) -> None:
+        """``buffer *= b_r/G`` (unscaled by the loss scale), after clipping this rank's gradient to
+        its share of ``clip_norm`` when ``clip``: the hooks' step 1, before any error feedback."""
         buf = bucket.buffer()
         if not clip or self.config.clip_norm is None:
             buf.mul_(self.weight)
@@ -252,8 +256,19 @@ class CompressedState(WeightedReduceState):
             true_norm = norm / self.loss_scale  # the clip is in unscaled units (fp16 loss scaling)
             g.mul_(torch.clamp(limit / (true_norm + 1e-6), max=1.0) * self.weight)
 
-    def _account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int) -> None:
+    def add_wire_bytes(self, nbytes: int) -> None:
+        """Count ``nbytes`` sent and received by this step's collectives beside a bucket's exchange
+        (the hierarchical intra-group reduce and broadcast); :meth:`account` closes the step."""
+        self._acc_sent += nbytes
+        self._acc_recv += nbytes
+
+    def account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int, fallback: int = 0) -> None:
+        """Record one bucket's exchange: its ``mode`` (``last_modes``), bytes ``sent`` (received
+        alike), ``entries`` sent, and ``fallback`` entries sent whole because compressing them does
+        not pay. The last bucket of a step closes the step's figures (``last_bytes_sent``,
+        ``density``, ``dense_fallback``, ``total_bytes_*``). Call it once per bucket and step."""
         n = bucket.buffer().numel()
+        self._acc_fallback += fallback
         self._acc_sent += sent
         self._acc_recv += sent  # ring collectives receive what they send
         self._acc_entries += entries

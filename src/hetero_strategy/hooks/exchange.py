@@ -1,5 +1,6 @@
-"""The Top-K exchange of one bucket, in chunks: issue each chunk's collectives as soon as it is
-encoded, decode each chunk as soon as its collectives complete.
+"""The wire of one Top-K exchange, in chunks: issue each chunk's collectives as soon as it is
+encoded, decode each chunk as soon as its collectives complete (used by
+:func:`~hetero_strategy.hooks.topk_ef.topk_ef_exchange`, and by the 1-bit hook's dense sync).
 
 A bucket is cut into *chunks* of whole parameters (:func:`chunk_bounds`; one chunk unless
 ``pipeline_stages`` asks for more). Per chunk at most two collectives, issued from the hook call
@@ -16,19 +17,20 @@ chunk's payload; any chunk's NaN on any rank marks the whole bucket NaN everywhe
 Example::
 
     chunk = Chunk(start, sizes, sparse, dense_parts, values, indices, marker, sent_entries)
-    pending = [issue_chunk(state, chunk)]               # at once: the collectives start
-    fut = finish_exchange(state, bucket, mode, pending)  # fut.value(): the reduced (n,) bucket
+    pending = [issue_chunk(group, chunk)]        # at once: the collectives start
+    fut = finish_exchange(flat, pending)          # fut.value(): the reduced (n,) tensor
 """
 
 # NOTE: no `from __future__ import annotations`, like the hook modules (DDP inspects annotations).
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.codecs import TopKCodec
 
-__all__ = ["Chunk", "chunk_bounds", "finish_exchange", "issue_chunk", "nonfinite_marker"]
+__all__ = ["Chunk", "Pending", "chunk_bounds", "finish_exchange", "issue_chunk", "nonfinite_marker"]
 
 
 def nonfinite_marker(acc: torch.Tensor) -> torch.Tensor:
@@ -69,7 +71,9 @@ class Chunk:
 
 
 @dataclass
-class _Pending:
+class Pending:
+    """A chunk whose collectives are on the wire: their futures, outputs and bytes (ring counts)."""
+
     chunk: Chunk
     futs: "list[torch.futures.Future]"
     gathered: "torch.Tensor | None"
@@ -77,9 +81,9 @@ class _Pending:
     nbytes: int
 
 
-def issue_chunk(state, chunk: Chunk) -> _Pending:
-    """Start the chunk's (at most two) collectives now; the marker rides in the gather if any."""
-    group = state.exchange_group
+def issue_chunk(group: "dist.ProcessGroup | None", chunk: Chunk) -> Pending:
+    """Start the chunk's (at most two) collectives over ``group`` now; the marker rides in the
+    gather if any."""
     gathered = reduced = None
     futs, nbytes = [], 0
     if chunk.values:
@@ -92,27 +96,22 @@ def issue_chunk(state, chunk: Chunk) -> _Pending:
         fut, sent = comm.all_reduce(reduced, group)
         futs.append(fut)
         nbytes += sent
-    return _Pending(chunk, futs, gathered, reduced, nbytes)
+    return Pending(chunk, futs, gathered, reduced, nbytes)
 
 
-def finish_exchange(state, bucket, mode: str, pending: "list[_Pending]") -> torch.futures.Future:
-    """Account the bucket's bytes now; decode each chunk into the bucket as soon as its own
-    collectives complete, and return the bucket once every chunk is in.
+def finish_exchange(buf: torch.Tensor, pending: "list[Pending]", backend: str = "auto") -> torch.futures.Future:
+    """Decode each chunk into ``buf`` (n,) as soon as its own collectives complete, and return it
+    (in its dtype) once every chunk is in.
 
     NOTE: call it only once the chunks' residuals are stored: a chunk's decode reuses its region of
-    the bucket, which held the chunk's error-fed accumulator until then. Chunks that have already
+    ``buf``, which held the chunk's error-fed accumulator until then. Chunks that have already
     arrived are decoded here, while the last one is still on the wire.
     """
-    buf = bucket.buffer()
     numel, dtype = buf.numel(), buf.dtype
-    sparse_any = any(p.chunk.values for p in pending)
-    state._account(bucket, "sparse" if sparse_any else mode, sum(p.nbytes for p in pending),
-                   sum(p.chunk.sent_entries for p in pending))
-    # the bucket's buffer is free again (payloads were copied out): decode into it
+    # the buffer is free again (payloads were copied out): decode into it
     out = buf if dtype == torch.float32 else torch.zeros(numel, dtype=torch.float32, device=buf.device)
-    backend = state.config.compression_backend
 
-    def decode(p: _Pending) -> torch.Tensor:
+    def decode(p: Pending) -> torch.Tensor:
         c, offset, pos = p.chunk, p.chunk.start, 0
         if p.gathered is not None:  # sparse entries are added to zeros; dense parts overwrite
             out[c.start:c.start + sum(c.sizes)].zero_()

@@ -89,18 +89,17 @@ def hierarchical_exchange(state, bucket: dist.GradBucket, step: int, mode: str, 
     fut, sent = comm.all_reduce(buf, h.intra)
     fut.wait()
     # the broadcast's bytes are counted now: the step's totals close inside compress
-    state._acc_sent += sent + numel_bytes
-    state._acc_recv += sent + numel_bytes
+    state.add_wire_bytes(sent + numel_bytes)
     if h.is_leader:
         if state.all_dense():  # dense links between all leaders
             fut, sent = comm.all_reduce(buf, state.exchange_group)
-            state._account(bucket, "dense", sent, buf.numel())
+            state.account(bucket, "dense", sent, buf.numel())
             fut.wait()
             result = buf
         else:
             result = compress(state, bucket, step, mode).wait()
     else:
         result = torch.empty_like(buf)
-        state._account(bucket, mode, 0, buf.numel())
+        state.account(bucket, mode, 0, buf.numel())
     work = dist.broadcast(result, src=h.leader, group=h.intra, async_op=True)
     return comm.then(work.get_future(), lambda: result)

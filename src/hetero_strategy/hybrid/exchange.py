@@ -2,11 +2,12 @@
 
 Top-K (``delta_density``) sends each rank's k = ceil(density x numel) largest entries of
 ``acc = w_r delta_r + residual`` and keeps the rest as the residual, added to the next period's
-delta: what a rank does not send now it sends later, so no local progress is dropped, only late
-(error feedback, as the gradient hooks do; docs/compression.md). Values and indices travel in one
-all-gather (the hooks' :class:`~hetero_strategy.hooks.codecs.TopKCodec` payload). When that
-payload would outweigh a dense all-reduce (density x world size >= 1) the exchange is dense and
-the residual is flushed into it.
+delta: what a rank does not send now it sends later, so no local progress is dropped, only late.
+It is the DDP hooks' exchange (:func:`~hetero_strategy.hooks.topk_ef.topk_ef_exchange`, one bucket
+of one segment), non-finite marker included: a NaN/inf accumulator on any rank comes back all-NaN
+on every rank and its rank's residual keeps its last finite value. When the payload would
+outweigh a dense all-reduce (density x world size >= 1) the exchange is dense and the residual is
+flushed into it.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
+from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState, topk_ef_exchange
 
 __all__ = ["DeltaExchange"]
+
+_BUCKET, _KEYS = 0, (0,)  # the delta is one bucket of one segment: its residual's keys
 
 
 class DeltaExchange:
     """Sums one flat fp32 tensor over the ranks; keeps this rank's error-feedback residual.
 
     Args:
-        density: fraction of entries each rank sends; None: dense fp32 all-reduce.
+        density: fraction of entries each rank sends; None: dense fp32 all-reduce, no residual.
         world_size: ranks in ``group``.
         group: the process group (default: the default group).
 
@@ -36,45 +39,43 @@ class DeltaExchange:
         total = exchange.reduce(weight * delta)   # (numel,) fp32: every rank's sent part, summed
     """
 
-    __slots__ = ("bytes_sent", "density", "group", "residual", "world_size")
+    __slots__ = ("bytes_sent", "density", "topk", "world_size")
 
     def __init__(self, density: float | None, world_size: int, group: dist.ProcessGroup | None = None) -> None:
-        self.density, self.world_size, self.group = density, world_size, group
-        self.residual: torch.Tensor | None = None  # (numel,) fp32: weighted delta not sent yet
-        self.bytes_sent = 0  # of the last exchange, for metrics
+        self.density, self.world_size = density, world_size
+        self.topk = TopKState(group)  # the residual: weighted delta not sent yet
+        self.bytes_sent = 0  # values and indices (or the dense delta) of the last exchange, for metrics
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self.topk.process_group
 
     def sparse(self) -> bool:
         return self.density is not None and self.density * self.world_size < 1
 
     def flush(self, numel: int, device: torch.device) -> torch.Tensor:
-        """This rank's residual (zeros without one), handed over for a dense :meth:`reduce`."""
-        residual = torch.zeros(numel, device=device) if self.residual is None else self.residual
-        self.residual = None
-        return residual
+        """Every rank's residual, summed densely (collective); the residuals start again from zero."""
+        return self.reduce(torch.zeros(numel, device=device), dense=True)
 
     def reduce(self, flat: torch.Tensor, dense: bool = False) -> torch.Tensor:
-        """Sum of every rank's ``flat`` (numel,) fp32 as sent: in place when dense."""
-        if self.residual is not None:
-            flat = ef_accumulate_(flat, self.residual, 1.0)  # acc = flat + residual
-            self.residual = None
-        if dense or not self.sparse():
-            self.bytes_sent = 4 * flat.numel()
+        """Sum of every rank's ``flat`` (numel,) fp32 as sent (collective; ``flat`` is used up)."""
+        n = flat.numel()
+        if self.density is None:  # no error feedback: the plain all-reduce, in place
+            self.bytes_sent = 4 * n
             if self.world_size > 1:
                 dist.all_reduce(flat, group=self.group)
             return flat
-        k = max(1, math.ceil(self.density * flat.numel()))
-        payload, self.residual = TopKCodec.compress(flat, k, k)  # (2k,) fp32, (numel,) fp32
-        self.bytes_sent = 4 * payload.numel()
-        gathered = payload.view(1, -1)
-        if self.world_size > 1:
-            every = [torch.empty_like(payload) for _ in range(self.world_size)]
-            dist.all_gather(every, payload, group=self.group)
-            gathered = torch.stack(every)  # (R, 2k)
-        return TopKCodec.decompress(gathered, flat.numel())
+        if dense or not self.sparse():
+            plan, self.bytes_sent = TopKPlan.dense([n]), 4 * n
+        else:
+            k = max(1, math.ceil(self.density * n))
+            # NOTE: the 4-byte non-finite marker riding along is left out of the metric
+            plan, self.bytes_sent = TopKPlan([True], [k], [k], [False]), 4 * 2 * k
+        return topk_ef_exchange(self.topk, _BUCKET, _KEYS, flat, [n], plan).wait()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"residual": None if self.residual is None else self.residual.clone()}
+        return {"residual": self.topk.memory.state_dict()["residuals"].get(_KEYS[0])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         residual = state.get("residual")
-        self.residual = None if residual is None else residual.clone()
+        self.topk.memory.load_state_dict({"residuals": {} if residual is None else {_KEYS[0]: residual}})

@@ -13,7 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from hetero_strategy.config import HybridConfig
+from hetero_strategy.config import ConfigError, HybridConfig
+from hetero_strategy.dist import all_gather_floats
 from hetero_strategy.hybrid.local_sgd import LocalSGD
 from hetero_strategy.hybrid.schedule import PhaseSchedule
 
@@ -24,6 +25,9 @@ Phase = Callable[[str], contextlib.AbstractContextManager]
 
 class HybridTraining:
     """Which phase runs, its local steps and syncs, and their checkpointable state.
+
+    The runtime holds one in ``mode="hybrid"`` (and a no-op stand-in with the same methods,
+    :class:`~hetero_strategy.runtime.training_mode.SyncTraining`, in ``mode="sync"``).
 
     Args:
         config: the ``hybrid`` section (``mode="hybrid"``).
@@ -48,6 +52,9 @@ class HybridTraining:
         # NOTE: synced points counted alike on every rank (not the syncs inside a join, which only the
         # active ranks see): what checkpoints are scheduled and named by
         self.points = 0
+
+    #: local phases keep each rank's own optimizer state: checkpoints carry it per rank
+    per_rank_optimizers = True
 
     @property
     def local(self) -> bool:
@@ -132,6 +139,36 @@ class HybridTraining:
             out.update({f"hybrid/weight_r{r}": w for r, w in enumerate(last["weights"])})
             out["hybrid/delta_bytes_sent"] = self.controller.exchange.bytes_sent
         return out
+
+    def sync_points(self, steps: int) -> int:
+        """What checkpoints and metrics are scheduled by, the same on every rank: the synced points,
+        not the optimizer ``steps`` (which differ between ranks in local phases)."""
+        return self.points
+
+    def require_synced(self, what: str) -> None:
+        """Refuse a collective or a save (``what``) where the ranks' models and step counts differ."""
+        if not self.synced:
+            raise RuntimeError(f"hetero: {what} inside a local-SGD period (mode='hybrid'): the ranks' models and "
+                               "step counts differ here, and a collective would deadlock; do it where runtime.synced "
+                               "is True (after a sync, after join(), at an epoch's end)")
+
+    def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
+        """Refuse local clipping where the gradients are still scaled when it runs (``loss_scaled``:
+        fp16 loss scaling, and an optimizer that unscales inside its own step, as fused ones do).
+        Collective with ``local_clip_norm`` set: every rank raises if any rank must."""
+        norm = self.config.local_clip_norm
+        if norm is None:
+            return
+        # the flag torch's GradScaler reads: the optimizer unscales inside its own step
+        fused = [type(o).__name__ for o in optimizers if getattr(o, "_step_supports_amp_scaling", False)]
+        mine = 1.0 if loss_scaled and fused else 0.0
+        ranks = [r for r, (flag,) in enumerate(all_gather_floats([mine])) if flag]
+        if ranks:
+            name = f"{fused[0]}(fused=True)" if mine else "a fused optimizer"
+            raise ConfigError(f"local_clip_norm={norm!r} is invalid with {name} under fp16 mixed "
+                              f"precision (on rank(s) {ranks}): the optimizer unscales the gradients inside its "
+                              "step, so the local clipping would act on scaled gradients; pass "
+                              "local_clip_norm=None, or an optimizer without fused=True")
 
     def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:
         """The model a checkpoint writes once for all ranks: the anchor mid-period."""

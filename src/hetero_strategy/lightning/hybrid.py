@@ -2,7 +2,7 @@
 
 HeteroStrategy holds one :class:`HybridLoop`: its ``setup``, ``optimizer_step`` and ``reduce``
 call it. Everything here reads Lightning objects and forwards to the runtime's hybrid events
-(:mod:`hetero_strategy.runtime.hybrid_events`); the protocol itself lives in
+(:class:`~hetero_strategy.runtime.HeteroRuntime`, whose mode is :mod:`hetero_strategy.runtime.training_mode`); the protocol lives in
 :mod:`hetero_strategy.hybrid`. Where each event comes from:
 
 =========================  ============================================================

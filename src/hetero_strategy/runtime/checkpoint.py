@@ -221,7 +221,7 @@ def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, 
     writer.load(path, small)
     small["run"] = run = read_or_explain(path, lambda: unblob(small[RUN]))
     small["saved_world"] = saved_world
-    writer.runtime.check_compatible(run["config"], f"checkpoint {path}")
+    writer.runtime.state.check_compatible(run["config"], f"checkpoint {path}")
     return small
 
 
@@ -238,7 +238,7 @@ def restore_hetero(runtime: Any, path: Path, small: dict[str, Any]) -> dict[str,
         if small.get(f"hetero.rng{runtime.rank}") is not None:
             restore_rng(unblob(small[f"hetero.rng{runtime.rank}"]))
         return run
-    runtime.load_other_world(run)
+    runtime.state.load_other_world(run)
     if runtime.rank == 0:
         lost = [unblob(small[f"hetero.lost{r}"]) for r in range(small["saved_world"])]
         runtime.warn(dropped_message(run["world_size"], runtime.world_size, lost))

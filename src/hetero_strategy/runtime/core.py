@@ -16,6 +16,8 @@ it from its framework's events::
             log(runtime.metrics())                             # one all-gather, every rank
 
 It works on bare ``torch.nn.parallel.DistributedDataParallel``; nothing here imports a framework.
+It holds its parts and forwards to them: :mod:`.state` (checkpoints), :mod:`.training_mode` (the
+hybrid events, no-ops in sync mode), :mod:`.gate` (precision, non-finite steps), timer, stall watch.
 """
 
 from __future__ import annotations
@@ -28,35 +30,23 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from hetero_strategy.balance import HeteroBatchSampler
-from hetero_strategy.balance.online import OnlineBalancer
-from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.hybrid import HybridTraining
 from hetero_strategy.precision import RankPrecision
 from hetero_strategy.runtime.gate import StepGate
-from hetero_strategy.runtime.hybrid_events import HybridEvents
-from hetero_strategy.runtime.loaders import (
-    check_sample_cost,
-    hetero_train_loader,
-    probe_batch,
-    train_loader_batch_size,
-)
-from hetero_strategy.runtime.planner import plan_batch_sizes, probe_exchange
+from hetero_strategy.runtime.planner import Measure, plan_train_loader
 from hetero_strategy.runtime.stall import StallWatch, hook_groups
 from hetero_strategy.runtime.state import RuntimeState
 from hetero_strategy.runtime.timer import StepTimer
+from hetero_strategy.runtime.training_mode import SyncTraining, TrainingMode
 
 __all__ = ["HeteroRuntime"]
 
 log = logging.getLogger("hetero_strategy")
 
-# measure(batches, exchange) -> this rank's StepCost, or None when the model cannot be probed.
-Measure = Callable[[list[tuple[Any, int]], ProbeExchange], "StepCost | None"]
 
-
-class HeteroRuntime(RuntimeState, HybridEvents):
+class HeteroRuntime:
     """Plan, sampler, hook state, calibrator, timer and checkpoint state of one rank.
 
     Args:
@@ -71,24 +61,19 @@ class HeteroRuntime(RuntimeState, HybridEvents):
     def __init__(self, config: HeteroConfig, rank: int, world_size: int, *,
                  info: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None) -> None:
         config.balance.check_world_size(world_size)
-        self.config = config
-        self.rank = rank
-        self.world_size = world_size
-        self._info = info or log.info
-        self.warn = warn or log.warning
-        self.hook_state: Any = None
-        self.sampler: HeteroBatchSampler | None = None
-        self.balancer: OnlineBalancer | None = None
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self._info, self.warn = info or log.info, warn or log.warning
+        self.state = RuntimeState(config, rank, world_size, warn=self.warn, info_warning=self.info_warning)
         self.timer = StepTimer()
         self.gate = StepGate(config.reliability, self.info_warning)
         self.watch: StallWatch | None = None
         self.local_batch = 0
-        self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self._batch_open = False
-        self._pending: dict[str, Any] = {}
-        # local-SGD phases (mode="hybrid"): the controller is set up by register_hook
-        self.hybrid = HybridTraining(config.hybrid, rank, world_size, self.info, self.phase,
-                                     config.reliability.stall_timeout_s) if config.hybrid.mode == "hybrid" else None
+        self.training: TrainingMode = SyncTraining()  # DDP every step, or local-SGD phases:
+        if config.hybrid.mode == "hybrid":  # the controller is set up on the DDP model by register_hook
+            self.training = hybrid = HybridTraining(config.hybrid, rank, world_size, self.info, self.phase,
+                                                    config.reliability.stall_timeout_s)
+            self.state.attach(hybrid=hybrid)
 
     def info(self, message: str) -> None:
         if self.rank == 0:
@@ -99,9 +84,13 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         if self.rank == 0:
             self.warn(message)
 
-    @property
-    def precision(self) -> RankPrecision | None:
-        return self.gate.precision
+    # ---- the parts, built over the run (the checkpointed ones and the step count: self.state) ------
+    hybrid = property(lambda self: self.state.parts["hybrid"], doc="HybridTraining (mode='hybrid'), else None.")
+    sampler = property(lambda self: self.state.parts["sampler"], doc="The batch sampler (train_loader).")
+    hook_state = property(lambda self: self.state.parts["hook"], doc="The comm hook's state (register_hook).")
+    balancer = property(lambda self: self.state.parts["balancer"], doc="The online calibration (calibrate).")
+    precision = property(lambda self: self.gate.precision, doc="This rank's RankPrecision (precision_policy).")
+    steps = property(lambda self: self.state.steps, doc="Optimizer steps taken (checkpointed), for adapters.")
 
     # ---- setup ---------------------------------------------------------------------------
     def register_hook(self, ddp_model: Any, max_steps: int | Callable[[], Any] | None = None,
@@ -111,20 +100,18 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         ``max_steps`` is the run's length for the density schedule: an int, or a callable read at
         the first compressed step (when the length is known only once the data is set up).
         """
-        self.hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
-        self._restore_pending()
-        ddp_model.register_comm_hook(self.hook_state, self.gate.guard.wrap_hook(hook))
-        if self.hybrid is not None:
-            self.hybrid.attach(ddp_model)
+        hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
+        self.state.attach(hook=hook_state)
+        ddp_model.register_comm_hook(hook_state, self.gate.guard.wrap_hook(hook))
+        self.training.attach(ddp_model)
         # Inside runtime.phase(...) no collective waits longer than stall_timeout_s, and a failed one is explained
         if self.watch is None and self.world_size > 1:
             self.watch = StallWatch(self.rank, self.world_size, self.config.reliability.stall_timeout_s,
-                                    groups=hook_groups(self.hook_state))
+                                    groups=hook_groups(hook_state))
 
     def phase(self, where: str) -> contextlib.AbstractContextManager:
         """``with runtime.phase("exchange"): loss.backward()``: collectives inside wait at most
-        ``stall_timeout_s``, and one failing (a silent or dead peer) raises :class:`StallError`
-        naming the peer, ``where`` and the step."""
+        ``stall_timeout_s``; one failing (a silent or dead peer) raises :class:`StallError`."""
         return contextlib.nullcontext() if self.watch is None else self.watch.phase(where, self.steps)
 
     def close(self) -> None:
@@ -137,11 +124,8 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         """This rank's dtype under ``precision_policy`` (None: the framework's own precision)."""
         if self.config.precision.precision_policy is None:
             return None
-        self.gate.precision = RankPrecision.build(self.config.precision, self.rank, self.world_size, device,
-                                                  device_info)
-        if model is not None:
-            self.precision.keep_fp32(model)
-        self._restore_pending()
+        self.gate.setup_precision(self.config.precision, self.rank, self.world_size, device, model, device_info)
+        self.state.attach(scaler=self.precision.scaler)
         return self.precision
 
     def train_loader(self, loader: DataLoader, *, seed: int, measure: Measure | None = None,
@@ -150,54 +134,23 @@ class HeteroRuntime(RuntimeState, HybridEvents):
 
         The loader's ``batch_size`` B is the mean per-rank batch (G = B x world size). Without
         explicit sizes or capacities, ``measure`` times the real model at B and B/2 on every rank
-        (collective). ``all_ranks`` makes the loader yield every rank's slice in turn, for a
-        framework that deals batches out to ranks itself. ``accumulate`` is the number of
-        micro-batches per optimizer step: calibrated splits change only between windows.
-        """
-        batch = train_loader_batch_size(loader)
-        check_sample_cost(self.config, accumulate)
-        global_batch = batch * self.world_size
-        self.config.balance.check_world_size(self.world_size, global_batch)
-        probe = None if measure is None else lambda: self._probe(loader, batch, measure)
-        probed: list[StepCost] = []
-        sizes = plan_batch_sizes(self.config.balance, self.world_size, global_batch, probe, self.info, self.warn,
-                                 on_costs=probed.extend)
-        loader, self.sampler = hetero_train_loader(loader, sizes, None if all_ranks else self.rank, seed, shuffle,
-                                                   self.config.balance.sample_cost,
-                                                   self.config.balance.loss_normalization,
-                                                   self.config.balance.max_batch_sizes)
-        if self.config.calibration.calibrate:
-            from hetero_strategy.balance.calibrator import Calibrator
-
-            fixed = [accumulate * c.fixed_s for c in probed] or None  # the probe's fit, per optimizer step
-            self.balancer = OnlineBalancer(Calibrator(self.config.calibration, sizes, fixed), self.sampler, accumulate)
-        self._warn_partial_window(loader, global_batch, accumulate)
-        self._restore_pending()
-        self.info(f"hetero: global batch {global_batch} split as {self.sampler.batch_sizes} "
-                  f"(shuffle={self.sampler.shuffle}, seed={seed})")
-        return loader
-
-    def _warn_partial_window(self, loader: DataLoader, global_batch: int, accumulate: int) -> None:
-        if accumulate > 1 and not loader.drop_last and len(loader.dataset) % global_batch:
-            self.warn(f"hetero: accumulating {accumulate} micro-batches with a partial last batch "
-                      f"({len(loader.dataset)} samples, global batch {global_batch}): the window holding it is "
-                      "weighted by its last micro-batch, so it is not exactly the one-process step. Use "
-                      "drop_last=True, or a dataset length divisible by the global batch, for exact semantics")
-
-    def _probe(self, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
-        # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
-        # a single size when they coincide, so no size is timed twice.
-        size = len(loader.dataset)
-        counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
-        return measure([(probe_batch(loader, n), n) for n in counts], probe_exchange(self.config.compression))
+        (collective). ``all_ranks``: yield every rank's slice in turn, for a framework that deals
+        batches out itself. ``accumulate``: micro-batches per optimizer step (calibrated splits
+        change only between windows)."""
+        planned = plan_train_loader(self.config, self.rank, self.world_size, loader, seed=seed, measure=measure,
+                                    shuffle=shuffle, all_ranks=all_ranks, accumulate=accumulate, info=self.info,
+                                    warn=self.warn)
+        self.state.attach(sampler=planned.sampler, balancer=planned.balancer)
+        sampler = planned.sampler
+        self.info(f"hetero: global batch {sampler.global_batch} split as {sampler.batch_sizes} "
+                  f"(shuffle={sampler.shuffle}, seed={seed})")
+        return planned.loader
 
     # ---- per step ------------------------------------------------------------------------
     def batch_start(self, step_in_epoch: int | None = None) -> None:
-        """A batch reaches the model: set this rank's weight b_r / G_t for it and start the clock.
-
-        The plan is the oldest batch the sampler yielded and nobody has claimed (loaders fetch
-        ahead); ``step_in_epoch`` is the fallback when the sampler has none queued.
-        """
+        """A batch reaches the model: set this rank's weight b_r / G_t for it and start the clock. The
+        plan is the oldest batch the sampler yielded and nobody claimed (loaders fetch ahead);
+        ``step_in_epoch`` is the fallback when the sampler has none queued."""
         self._close_batch()
         self.gate.guard.new_step()
         if self.sampler is not None:
@@ -212,31 +165,26 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         self._batch_open = True
 
     def backward_end(self) -> None:
-        """This rank's backward pass of the current batch is over (an adapter that cannot tell
-        may skip it: the next :meth:`batch_start` or :meth:`step_end` closes the batch instead)."""
+        """This rank's backward is over (optional: the next batch_start or step_end closes the batch)."""
         self._close_batch()
 
     def _close_batch(self) -> None:
-        # Compute ends when the last bucket reached the hook (the rest of backward is waiting for
-        # peers); on a no-sync micro-batch, now.
+        # Compute ends when the last bucket reached the hook (the rest is waiting); no-sync: now.
         if self._batch_open:
             self.timer.backward_end(getattr(self.hook_state, "last_hook_time", None))
             self._batch_open = False
 
     def step_end(self, step: int | None = None, samples: float | None = None) -> list[int] | None:
-        """An optimizer step ended: timings, then calibration when due; in hybrid mode the period's
-        sync when it is over (see :attr:`synced`).
+        """An optimizer step ended: timings, calibration when due, the hybrid period's sync when over.
 
-        ``step`` numbers optimizer steps from 0 (the framework's counter); None uses the
-        runtime's own count, which checkpoints carry. ``samples``: this step's samples, the
-        weight of a local step in hybrid averaging (default: the sampler's batch size, else 1).
-        """
+        ``step`` numbers optimizer steps from 0 (the framework's counter; None: the runtime's own,
+        which checkpoints carry). ``samples`` weighs a local step in hybrid averaging (default: the
+        sampler's batch size, else 1)."""
         self._close_batch()
         step = self.steps if step is None else step
-        self.steps = step + 1
+        self.state.steps = step + 1
         self.timer.step_end(getattr(self.hook_state, "last_bytes_sent", 0))
-        if self.hybrid is not None:
-            self.hybrid.step_end(samples if samples is not None else self.local_batch or 1)
+        self.training.step_end(samples if samples is not None else self.local_batch or 1)
         if self.balancer is None:
             return None
         new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch, self.timer.step_time)
@@ -263,9 +211,7 @@ class HeteroRuntime(RuntimeState, HybridEvents):
     def optimizer_step(self, optimizer: Any, step_fn: Callable[[], Any] | None = None,
                        before_step: Callable[[], Any] | None = None) -> bool:
         """Step unless the reduced gradient is non-finite (then every rank skips); True if stepped.
-
-        ``before_step`` (gradient clipping, the framework's pre-step hook) runs only if it steps.
-        """
+        ``before_step`` (gradient clipping, the framework's pre-step hook) runs only if it steps."""
         return self.gate.step(optimizer, self.steps, step_fn, before_step)
 
     @staticmethod
@@ -278,25 +224,69 @@ class HeteroRuntime(RuntimeState, HybridEvents):
         names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received"}
         extra = {label: getattr(self.hook_state, attr) for attr, label in names.items()
                  if isinstance(getattr(self.hook_state, attr, None), (int, float))}
-        out = self.timer.gather_metrics(self.local_batch, extra)
-        if self.hybrid is not None:  # phase, period, the last sync's steps and weights: no collective
-            out.update(self.hybrid.metrics())
-        return out
+        # hybrid: phase, period, the last sync's steps and weights (no collective)
+        return {**self.timer.gather_metrics(self.local_batch, extra), **self.training.metrics()}
 
     def summary(self) -> dict[str, object]:
         """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""
         sizes = self.sampler.batch_sizes if self.sampler is not None else [self.local_batch] * self.world_size
         return self.timer.summary(sizes)
 
-    def _parts(self) -> dict[str, Any]:
-        """The checkpointed parts by key (None until built)."""
-        return {"sampler": self.sampler, "hook": self.hook_state, "balancer": self.balancer,
-                "scaler": None if self.precision is None else self.precision.scaler, "hybrid": self.hybrid}
+    # ---- the hybrid mode's events (docs/hybrid.md): no-ops in sync mode ----------------------
+    def local_step(self, ddp_model: Any) -> contextlib.AbstractContextManager:
+        """``with runtime.local_step(ddp): loss.backward()``: no gradient exchange in a local phase."""
+        return self.training.local_step(ddp_model)
 
-    def _restore_pending(self) -> None:
-        for key, part in self._parts().items():
-            if part is not None and key in self._pending and part.load_state_dict(self._pending.pop(key)) is False:
-                self.info_warning("hetero: the saved batch split is for another global batch; this run's split "
-                                  "stands, and the epoch goes on from the same sample (within one batch)")
-        if self.sampler is not None and "sampler_position" in self._pending:  # saved under another world
-            self.sampler.resume_at_samples(*self._pending.pop("sampler_position"))
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
+        self.training.before_optimizer_step(optimizer)
+
+    def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
+        """Once the optimizers exist: refuse local clipping on still-scaled gradients (collective in hybrid mode)."""
+        self.training.check_local_clipping(optimizers, loss_scaled)
+
+    def join(self) -> None:
+        """This rank's data is over: in a local phase, join the others' syncs until all joined (collective)."""
+        self.training.join()
+
+    def evaluated(self, val_loss: float) -> bool:
+        """Every rank, at each evaluation (right after a sync): the phase schedule; True on a switch."""
+        return self.training.evaluated(val_loss)
+
+    @property
+    def synced(self) -> bool:
+        """Every rank holds the same model now (always, outside local phases): where to evaluate or save."""
+        return self.training.synced
+
+    def checkpoint_step(self) -> int:
+        """What checkpoints are scheduled and named by, alike on every rank (hybrid: the synced points)."""
+        return self.training.sync_points(self.steps)
+
+    def metrics_point(self, step: int, every: int) -> bool:
+        """Whether every rank gathers :meth:`metrics` after the framework's ``step`` (hybrid: synced points)."""
+        return self.training.synced and self.metrics_due(self.training.sync_points(step), every)
+
+    def require_synced(self, what: str) -> None:
+        """Refuse a collective or a save (``what``) where the ranks' models and step counts differ."""
+        self.training.require_synced(what)
+
+    # ---- checkpoints: this rank's RuntimeState (runtime/state.py documents each) ------------------
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
+
+    def continue_from(self, previous: HeteroRuntime | None) -> None:
+        """Go on from this rank's runtime of an earlier run of the same model (Lightning's first fit)."""
+        self.state.continue_from(None if previous is None else previous.state)
+
+    def gathered_state_dict(self, optimizer_states: Any = None) -> dict[str, Any]:
+        """Every rank's :meth:`state_dict` on rank 0 (collective), for a checkpoint rank 0 writes."""
+        return self.state.gathered(optimizer_states)
+
+    def load_gathered_state_dict(self, saved: dict[str, Any]) -> bool:
+        return self.state.load_gathered(saved)
+
+    def own_optimizer_states(self, saved: dict[str, Any]) -> Any:
+        return self.state.own_optimizer_states(saved)

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from hetero_strategy.config import PrecisionConfig
 from hetero_strategy.config.reliability import ReliabilityConfig
 from hetero_strategy.precision import RankPrecision
 from hetero_strategy.precision.scaler import CoordinatedScaler
@@ -32,6 +33,14 @@ class StepGate:
         self.guard = NonFiniteGuard(config.nonfinite, warn)
         self._loss_scaled = False
         self._found: bool | None = None
+
+    def setup_precision(self, config: PrecisionConfig, rank: int, world_size: int, device: Any, model: Any = None,
+                        device_info: Any = None) -> RankPrecision:
+        """This rank's dtype and loss scaler under ``precision_policy``; ``model``'s parameters stay fp32."""
+        self.precision = RankPrecision.build(config, rank, world_size, device, device_info)
+        if model is not None:
+            self.precision.keep_fp32(model)
+        return self.precision
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if self.precision is None else self.precision.autocast()

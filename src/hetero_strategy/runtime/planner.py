@@ -11,24 +11,84 @@ One policy for every adapter, in order of precedence:
 5. equal shares when the probe cannot run (e.g. manual optimization), with a warning.
 
 Steps 3-5 are collective: every rank must call :func:`plan_batch_sizes` with the same config.
+:func:`plan_train_loader` applies the plan to the user's training loader: the probe on the real
+model at B and B/2, the hetero sampler, and the online balancer when ``calibrate`` is on.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from hetero_strategy.balance import capacity, split_batch, split_batch_timed
+from torch.utils.data import DataLoader
+
+from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, split_batch_timed
+from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
-from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError
+from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError, HeteroConfig
 from hetero_strategy.dist import all_gather_floats
+from hetero_strategy.runtime.loaders import (
+    check_sample_cost,
+    hetero_train_loader,
+    probe_batch,
+    train_loader_batch_size,
+)
 
-__all__ = ["gather_step_costs", "plan_batch_sizes", "probe_exchange", "profile_bandwidth"]
+__all__ = ["Measure", "PlannedLoader", "gather_step_costs", "plan_batch_sizes", "plan_train_loader",
+           "probe_exchange", "profile_bandwidth"]
 
 log = logging.getLogger("hetero_strategy")
 
 Probe = Callable[[], "StepCost | None"]
 Say = Callable[[str], None]
+# measure(batches, exchange) -> this rank's StepCost, or None when the model cannot be probed.
+Measure = Callable[[list[tuple[Any, int]], ProbeExchange], "StepCost | None"]
+
+
+class PlannedLoader(NamedTuple):
+    """The training loader rebuilt around the plan, its sampler, and the online balancer (or None)."""
+
+    loader: DataLoader
+    sampler: HeteroBatchSampler
+    balancer: OnlineBalancer | None
+
+
+def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: DataLoader, *, seed: int,
+                      measure: Measure | None = None, shuffle: bool | None = None, all_ranks: bool = False,
+                      accumulate: int = 1, info: Say = log.info, warn: Say = log.warning) -> PlannedLoader:
+    """``loader`` with capacity-sized slices of each global batch G = B x world size (collective
+    when it probes); see :meth:`HeteroRuntime.train_loader <hetero_strategy.runtime.HeteroRuntime.train_loader>`."""
+    batch = train_loader_batch_size(loader)
+    check_sample_cost(config, accumulate)
+    global_batch = batch * world_size
+    config.balance.check_world_size(world_size, global_batch)
+    probe = None if measure is None else lambda: _probe(config, loader, batch, measure)
+    probed: list[StepCost] = []
+    sizes = plan_batch_sizes(config.balance, world_size, global_batch, probe, info, warn, on_costs=probed.extend)
+    loader, sampler = hetero_train_loader(loader, sizes, None if all_ranks else rank, seed, shuffle,
+                                          config.balance.sample_cost, config.balance.loss_normalization,
+                                          config.balance.max_batch_sizes)
+    balancer = None
+    if config.calibration.calibrate:
+        from hetero_strategy.balance.calibrator import Calibrator
+
+        fixed = [accumulate * c.fixed_s for c in probed] or None  # the probe's fit, per optimizer step
+        balancer = OnlineBalancer(Calibrator(config.calibration, sizes, fixed), sampler, accumulate)
+    if accumulate > 1 and not loader.drop_last and len(loader.dataset) % global_batch:
+        warn(f"hetero: accumulating {accumulate} micro-batches with a partial last batch "
+             f"({len(loader.dataset)} samples, global batch {global_batch}): the window holding it is "
+             "weighted by its last micro-batch, so it is not exactly the one-process step. Use "
+             "drop_last=True, or a dataset length divisible by the global batch, for exact semantics")
+    return PlannedLoader(loader, sampler, balancer)
+
+
+def _probe(config: HeteroConfig, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
+    # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
+    # a single size when they coincide, so no size is timed twice.
+    size = len(loader.dataset)
+    counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
+    return measure([(probe_batch(loader, n), n) for n in counts], probe_exchange(config.compression))
 
 
 def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, probe: Probe | None,

@@ -72,18 +72,19 @@ def hetero_snapshot(runtime: Any) -> dict[str, Any]:
     state = {f"hetero.rank{rank}": blob(mine), f"hetero.lost{rank}": blob(residual_size(mine.get("hook") or {})),
              f"hetero.rng{rank}": blob(_rng_state())}
     if rank == 0:
-        state[RUN] = blob(run_record(runtime, mine))
+        state[RUN] = blob(run_record(runtime.state, mine))
     return state
 
 
-def run_record(runtime: Any, mine: dict[str, Any]) -> dict[str, Any]:
-    """What any world size can resume from: steps, data position, schedule step, config."""
-    sampler = runtime.sampler
+def run_record(state: Any, mine: dict[str, Any]) -> dict[str, Any]:
+    """What any world size can resume from: steps, data position, schedule step, config (``state``:
+    the runtime's :class:`~hetero_strategy.runtime.state.RuntimeState`, ``mine`` its state_dict)."""
+    sampler, hybrid = state.parts["sampler"], state.parts["hybrid"]
     epoch, samples = sampler.position if sampler is not None else (0, 0)
-    run = {"world_size": runtime.world_size, "steps": runtime.steps, "epoch": epoch, "samples": samples,
-           "hook_step": (mine.get("hook") or {}).get("step"), "config": runtime.config.to_record()}
-    if getattr(runtime, "hybrid", None) is not None:  # the phase and sync count, the same on every rank
-        run["hybrid"] = runtime.hybrid.shared_state_dict()
+    run = {"world_size": state.world_size, "steps": state.steps, "epoch": epoch, "samples": samples,
+           "hook_step": (mine.get("hook") or {}).get("step"), "config": state.config.to_record()}
+    if hybrid is not None:  # the phase and sync count, the same on every rank
+        run["hybrid"] = hybrid.shared_state_dict()
     return run
 
 
