@@ -1,4 +1,4 @@
-"""Online calibrator (DESIGN.md semantics 5) against hand-built cases and injected timings."""
+"""Online calibrator (docs/design.md semantics 5) against hand-built cases and injected timings."""
 
 from __future__ import annotations
 

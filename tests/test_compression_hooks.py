@@ -1,4 +1,4 @@
-"""Compressed comm hooks on bare DDP over gloo, against independent oracles (DESIGN.md 3, 6-8).
+"""Compressed comm hooks on bare DDP over gloo, against independent oracles (docs/design.md semantics 3, 6-8).
 
 Oracles: the dense weighted gradient sum_r b_r g_r / G computed from per-rank local gradients,
 and a ten-line per-parameter error-feedback Top-K written from the formula

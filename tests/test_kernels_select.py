@@ -120,7 +120,7 @@ def test_capacity_overflow_keeps_first_in_index_order_rest_in_residual():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_error_feedback_conservation_through_fused_path(dtype):
-    # DESIGN.md 6: sent_t + residual_t == grad_t + gamma * residual_{t-1}, exactly, over steps.
+    # docs/design.md semantics 6: sent_t + residual_t == grad_t + gamma * residual_{t-1}, exactly, over steps.
     g = torch.Generator().manual_seed(6)
     n, k, gamma = 517, 40, 0.9
     residual = None

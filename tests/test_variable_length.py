@@ -1,5 +1,5 @@
 """Variable-length samples dealt out by cost stay exact: 2 gloo ranks over bare DDP against one
-process, for a mean-over-samples and a mean-over-tokens loss (DESIGN.md semantics 3 with
+process, for a mean-over-samples and a mean-over-tokens loss (docs/design.md semantics 3 with
 ``balance.sample_cost``)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Oracles: Accelerate's own config loader and ``accelerate launch`` (the file must start N ranks that
 see each other), ``HeteroConfig.from_yaml``, the values typed at the prompt, the capacity formula of
-DESIGN.md semantics 4 computed by hand, and the split of DESIGN.md semantics 1 (G = B x world).
+docs/design.md semantics 4 computed by hand, and the split of docs/design.md semantics 1 (G = B x world).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def test_profile_changes_the_proposed_defaults(tmp_path, capsys):
     assert _run_cli(capsys, *base, "--profile", str(mixed), "--output-dir", str(tmp_path / "mixed"))[0] == 0
     het = HeteroConfig.from_yaml(tmp_path / "mixed" / "hetero.yaml")
     assert het.compression.tiers == ["ib", "eth1g"] and het.compression.method == "tiered"
-    # DESIGN.md semantics 4 by hand: 0.7 * compute share + 0.3 * bandwidth share.
+    # docs/design.md semantics 4 by hand: 0.7 * compute share + 0.3 * bandwidth share.
     expected = [0.7 * (1.0 / 1.5) + 0.3 * (150.0 / 151.0), 0.7 * (0.5 / 1.5) + 0.3 * (1.0 / 151.0)]
     assert het.balance.capacities == pytest.approx(expected, abs=1e-3)
 

@@ -70,7 +70,7 @@ def ef_accumulate_torch(grad: torch.Tensor, residual: torch.Tensor | None, gamma
     Args:
         grad: (n,) fp32/fp16/bf16 gradient bucket.
         residual: (n,) fp32 error-feedback memory, or ``None`` on the first step.
-        gamma: compensation strength (DESIGN.md tiers: 0.9-0.98).
+        gamma: compensation strength (a tier's gamma, docs/design.md semantics 8: 1.0 by default, 0.9-0.98 in the older tier rows).
 
     Returns:
         (n,) fp32 accumulator, a new tensor. NaN/inf propagate unchanged (IEEE arithmetic).

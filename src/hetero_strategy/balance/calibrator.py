@@ -1,4 +1,4 @@
-"""Online calibration of per-rank batch sizes toward equal finishing times (DESIGN.md semantics 5).
+"""Online calibration of per-rank batch sizes toward equal finishing times (docs/design.md semantics 5).
 
 Every rank feeds the *same* all-gathered timings into its own :class:`Calibrator`, which is a pure
 function of them, so every rank reaches the same decision without another collective.

@@ -1,4 +1,4 @@
-"""Link tiers (DESIGN.md semantics 8) from a measured or configured bandwidth.
+"""Link tiers (docs/design.md semantics 8) from a measured or configured bandwidth.
 
 Thresholds follow what each link class delivers in practice (bus bandwidth of an all-reduce,
 or point-to-point throughput), with room below the nominal rate:

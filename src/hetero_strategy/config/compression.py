@@ -16,7 +16,7 @@ COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powe
 
 @dataclass(kw_only=True, slots=True)
 class CompressionConfig:
-    """Gradient compression in the DDP comm hook (DESIGN.md semantics 6-8); see docs/compression.md."""
+    """Gradient compression in the DDP comm hook (docs/design.md semantics 6-8); see docs/compression.md."""
 
     method: str = "none"
     """One of none, topk, tiered, onebit, fp16, bf16, powersgd."""

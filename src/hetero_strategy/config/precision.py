@@ -23,7 +23,7 @@ def name_words(text: str) -> tuple[str, ...]:
 
 @dataclass(kw_only=True, slots=True)
 class PrecisionConfig:
-    """Per-device mixed precision (DESIGN.md semantics 9); see docs/strategy.md.
+    """Per-device mixed precision (docs/design.md semantics 9); see docs/strategy.md.
 
     ``precision_policy`` None leaves precision to the framework (Lightning's ``precision=``,
     Accelerate's ``mixed_precision``), as before. Any other value makes hetero_strategy own it:

@@ -16,7 +16,7 @@ RESUME_MODES = ("auto", "never")
 
 @dataclass(kw_only=True, slots=True)
 class ReliabilityConfig:
-    """Failure handling (DESIGN.md semantics 11); see docs/reliability.md."""
+    """Failure handling (docs/design.md semantics 11); see docs/reliability.md."""
 
     nonfinite: str = "skip"
     """A step whose reduced gradient holds a NaN/inf: ``skip`` it on every rank (counted and

@@ -15,7 +15,7 @@ __all__ = ["BalanceConfig", "CalibrationConfig"]
 
 @dataclass(kw_only=True, slots=True)
 class BalanceConfig:
-    """How the global batch is split across ranks (DESIGN.md semantics 1-4)."""
+    """How the global batch is split across ranks (docs/design.md semantics 1-4)."""
 
     batch_sizes: list[int] | None = None
     """Explicit per-rank batch sizes; their sum must equal dataloader batch_size x world_size."""
@@ -100,7 +100,7 @@ class BalanceConfig:
 
 @dataclass(kw_only=True, slots=True)
 class CalibrationConfig:
-    """Online rebalancing of batch shares (DESIGN.md semantics 5)."""
+    """Online rebalancing of batch shares (docs/design.md semantics 5)."""
 
     calibrate: bool = False
     """Move batch shares toward equal per-rank finishing times while training."""

@@ -1,6 +1,6 @@
 """Error-feedback memory (GRACE's "Memory" role): residuals that survive DDP's bucket rebuild.
 
-sent_t + residual_t = g_t + gamma * residual_{t-1}  (DESIGN.md semantics 6).
+sent_t + residual_t = g_t + gamma * residual_{t-1}  (docs/design.md semantics 6).
 
 DDP rebuilds its buckets after the first iteration (in gradient-ready order), so a residual keyed
 by ``bucket.index()`` alone would be applied to the wrong parameters afterwards. Here each bucket

@@ -1,4 +1,4 @@
-"""Density schedule of the sparse exchange (DESIGN.md semantics 7).
+"""Density schedule of the sparse exchange (docs/design.md semantics 7).
 
 A dense warm-up, then a cosine decay from ``base_density x tier_factor`` to ``min_density`` over
 ``period`` steps; after the period the density stays at its floor. Every rank computes every

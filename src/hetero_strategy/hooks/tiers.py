@@ -1,6 +1,6 @@
 """Link tiers: how hard each rank compresses, how often it exchanges, how strongly it compensates.
 
-DESIGN.md semantics 8. A rank's tier comes, in this order, from the configuration (``tier=``),
+docs/design.md semantics 8. A rank's tier comes, in this order, from the configuration (``tier=``),
 the ``HETERO_TIER`` environment variable, or a measurement: ranks that share a host *and* a
 network namespace talk over shared memory/loopback and get ``nvlink`` (dense); otherwise a short
 all-reduce probe measures the link and :func:`tier_from_bandwidth` maps it to a tier.
@@ -53,7 +53,7 @@ class TierPolicy:
     """Error-feedback compensation strength (residual decay); ignored by dense tiers."""
 
 
-# NOTE: not DESIGN.md's table ("field experience": ib 0.5/1/0.9, eth10g 0.3/2/0.95, eth1g
+# NOTE: not the older "field experience" table (ib 0.5/1/0.9, eth10g 0.3/2/0.95, eth1g
 # 0.1/5/0.98), whose eth1g row ended 3.2 points below dense in an earlier benchmark. Measured end
 # to end (bench compression, docs/compression.md), every tier sending base_density each step with
 # classic error feedback stays within a point of dense; whether compressing pays at all is

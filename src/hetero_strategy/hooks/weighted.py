@@ -1,4 +1,4 @@
-"""Sample-weighted gradient reduction: reduced = sum_r b_r * g_r / G (DESIGN.md semantics 3).
+"""Sample-weighted gradient reduction: reduced = sum_r b_r * g_r / G (docs/design.md semantics 3).
 
 DDP's own reduction divides by the world size, which is wrong when ranks hold unequal batches:
 each rank's gradient is of its *mean* loss, so it must count in proportion to its samples.

@@ -1,4 +1,4 @@
-"""Loss scaling coordinated across ranks of mixed dtypes (DESIGN.md semantics 9).
+"""Loss scaling coordinated across ranks of mixed dtypes (docs/design.md semantics 9).
 
 Only fp16 ranks scale their loss. Each rank's contribution is unscaled inside the comm hook,
 before the reduction (the hook's weight becomes b_r / (G * scale_r)), so the reduced gradient is

@@ -1,7 +1,7 @@
 """Whether an optimizer step goes ahead: this rank's precision and the non-finite rule.
 
 Every decision here is taken from the *reduced* gradient, which is the same on every rank, so all
-ranks decide alike without a collective (DESIGN.md semantics 9 and 11):
+ranks decide alike without a collective (docs/design.md semantics 9 and 11):
 
 * with ``precision_policy``, the coordinated loss scaler steps or skips, and fp16 ranks back off;
 * without it, a non-finite step is dropped (``nonfinite="skip"``) or stops the job (``"stop"``).

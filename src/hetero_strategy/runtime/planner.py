@@ -1,4 +1,4 @@
-"""The static plan: which per-rank batch sizes a run starts from (DESIGN.md semantics 1 and 4).
+"""The static plan: which per-rank batch sizes a run starts from (docs/design.md semantics 1 and 4).
 
 One policy for every adapter, in order of precedence:
 

@@ -1,4 +1,4 @@
-"""A silent peer becomes a clear error within a bound (DESIGN.md semantics 11).
+"""A silent peer becomes a clear error within a bound (docs/design.md semantics 11).
 
 Two parts:
 

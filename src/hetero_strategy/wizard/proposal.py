@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["DENSE_TIERS", "Proposal", "propose", "propose_compression"]
 
-# Tiers whose links are fast enough that compression only costs accuracy (DESIGN.md semantics 8).
+# Tiers whose links are fast enough that compression only costs accuracy (docs/design.md semantics 8).
 DENSE_TIERS = frozenset({"nvlink"})
 
 
@@ -42,7 +42,7 @@ def propose_compression(tiers: Sequence[str] | None) -> str:
     """none when every link is dense or nothing is known; tiered as soon as one rank sits on a slower tier.
 
     tiered rather than topk even for one uniform slow tier, because tiered takes the density,
-    exchange period and error-feedback strength of each tier (DESIGN.md semantics 8) instead of one
+    exchange period and error-feedback strength of each tier (docs/design.md semantics 8) instead of one
     setting for all.
     """
     if not tiers or all(t in DENSE_TIERS for t in tiers):
