@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from hetero_strategy.benchmarks_impl.balance_metrics import mode_figures, round_figures, solo_figures
+from hetero_bench.balance_metrics import mode_figures, round_figures, solo_figures
 
 
 def _clock(step_s: float, steps: int) -> list[float]:

@@ -11,7 +11,7 @@ the emulated cluster it is this rank's link alone).
 
 Example (what each rank runs inside the emulated cluster)::
 
-    python -m hetero_strategy.benchmarks_impl.compression_worker converge --out /tmp/c.json
+    PYTHONPATH=benchmarks python -m hetero_bench.compression_worker converge --out /tmp/c.json
 """
 
 from __future__ import annotations

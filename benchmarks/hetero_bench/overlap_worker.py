@@ -9,7 +9,7 @@ so every timing covers the same collective on both ranks.
 
 Example (what each rank runs inside the emulated cluster)::
 
-    python -m hetero_strategy.benchmarks_impl.overlap_worker --out /tmp/overlap.json
+    PYTHONPATH=benchmarks python -m hetero_bench.overlap_worker --out /tmp/overlap.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.benchmarks_impl._ranks import gloo_job
-from hetero_strategy.hooks.flat_bucket import FlatBucket
+from hetero_bench._ranks import gloo_job
+from hetero_bench.flat_bucket import FlatBucket
 
 __all__ = ["main"]
 

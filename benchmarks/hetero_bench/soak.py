@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
+from hetero_bench._ranks import run_job, worker
 from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
 
 __all__ = ["add_arguments", "phases", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.soak_worker"
+_WORKER = "soak_worker"
 _SETTLE = 10  # steps after each link change left out of the figures (the step in flight, recalibration)
 
 
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             flapper = threading.Thread(target=_flap, args=(cluster, Path(tmp) / "progress", args, links[-1], flaps,
                                                            stop), daemon=True)
             flapper.start()
-            cmd = [sys.executable, "-m", _WORKER, tmp, str(args.steps), str(args.batch), str(args.hidden)]
+            cmd = [*worker(_WORKER), tmp, str(args.steps), str(args.batch), str(args.hidden)]
             t0 = time.monotonic()
             try:
                 ranks = run_job(cluster, cmd, ["soak"], Path(tmp), args.timeout, console, "soak")["soak"]
@@ -130,6 +129,6 @@ def _live_workers() -> list[str]:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if _WORKER in cmdline:
+            if f"hetero_bench.{_WORKER}" in cmdline:
                 found.append(f"process {proc.name}: {cmdline[:120]}")
     return found

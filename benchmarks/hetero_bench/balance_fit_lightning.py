@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from hetero_strategy.benchmarks_impl.balance_workload import (
+from hetero_bench.balance_workload import (
     StepClock,
     hetero_options,
     resnet18_32,

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero_strategy.benchmarks_impl.balance_workload import (
+from hetero_bench.balance_workload import (
     StepClock,
     hetero_options,
     powersgd_state,

@@ -18,7 +18,7 @@ framework. Every rank records the start time of each step, its batch size and it
 
 Example::
 
-    python -m hetero_strategy.benchmarks_impl.balance_worker --mode ddp --steps 30 --out /tmp/ddp
+    PYTHONPATH=benchmarks python -m hetero_bench.balance_worker --mode ddp --steps 30 --out /tmp/ddp
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from hetero_strategy.benchmarks_impl.balance_summary import FRAMEWORKS, MODELS, TRAININGS
-from hetero_strategy.benchmarks_impl.balance_workload import resnet18_32
+from hetero_bench.balance_summary import FRAMEWORKS, MODELS, TRAININGS
+from hetero_bench.balance_workload import resnet18_32
 
 __all__ = ["MODES", "main"]
 
@@ -45,7 +45,7 @@ _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 
 def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
-    loop = importlib.import_module(f"hetero_strategy.benchmarks_impl.balance_fit_{args.framework}")
+    loop = importlib.import_module(f"hetero_bench.balance_fit_{args.framework}")
     steps = {"solo": args.solo_steps, "hetero_cal": args.cal_steps, "hetero_auto": args.cal_steps}
     return loop.fit(mode, args, world, steps.get(mode, args.steps))
 

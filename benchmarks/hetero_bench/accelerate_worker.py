@@ -1,6 +1,6 @@
 """One timed training run for ``hetero-strategy bench accelerate``, started by ``accelerate launch``.
 
-    accelerate launch ... -m hetero_strategy.benchmarks_impl.accelerate_worker MODE MODEL STEPS BATCH OUT.json
+    PYTHONPATH=benchmarks accelerate launch ... -m hetero_bench.accelerate_worker MODE MODEL STEPS BATCH OUT.json
 
 MODE ``plain`` is Accelerate's own DDP (each rank batch B); ``hetero`` is the same loop through
 ``HeteroPlugin(batch_sizes=[B] * world)``: equal shares, so any difference is the plugin's cost

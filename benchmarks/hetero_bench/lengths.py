@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
-from hetero_strategy.benchmarks_impl.balance_metrics import median_step
-from hetero_strategy.benchmarks_impl.balance_summary import spread
+from hetero_bench._ranks import run_job, worker
+from hetero_bench.balance_metrics import median_step
+from hetero_bench.balance_summary import spread
 from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
 
 __all__ = ["add_arguments", "figures", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.lengths_worker"
+_WORKER = "lengths_worker"
 _TRAININGS = ("ddp", "count", "cost")
 
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Namespace, out: Path,
             console: Any) -> list[dict]:
-    cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
+    cmd = [*worker(_WORKER), "--mode", mode, "--out", str(out), "--batch", str(args.batch),
            "--steps", str(args.steps)] + ([] if sizes is None else ["--sizes", ",".join(map(str, sizes))])
     return run_job(cluster, cmd, [mode], out, args.timeout, console, mode)[mode]
 

@@ -21,15 +21,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench._ranks import worker
 from hetero_strategy.commands.flags import count, number, rates
 
 __all__ = ["add_arguments", "run", "summarise"]
 
-_WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker"]
+_WORKER = "overlap_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "overlap.json")
-        argv = [*_WORKER, "--out", path, "--rounds", str(args.rounds), "--numel", str(args.numel),
+        cmd = worker(_WORKER)
+        argv = [*cmd, "--out", path, "--rounds", str(args.rounds), "--numel", str(args.numel),
                 "--density", str(args.density), "--stages", *map(str, args.stages)]
         if args.local:
-            from hetero_strategy.benchmarks_impl.compression import _local
+            from hetero_bench.compression import _local
 
-            _local(argv[len(_WORKER):], timeout=900, worker=_WORKER)
+            _local(argv[len(cmd):], timeout=900, argv=cmd)
         else:
             from hetero_strategy.emulate import EmulatedCluster
 
