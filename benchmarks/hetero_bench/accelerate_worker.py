@@ -23,9 +23,9 @@ __all__ = ["main"]
 
 def _model(name: str) -> nn.Module:
     if name == "resnet18":
-        from hetero_strategy.workloads.digits import small_resnet
+        from hetero_strategy.workloads.resnets import resnet_cifar_stem
 
-        return small_resnet("resnet18")
+        return resnet_cifar_stem("resnet18")
     # a small MLP: per-step framework overhead weighs most where the compute is smallest
     return nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 256), nn.ReLU(), nn.Linear(256, 10))
 

@@ -18,9 +18,9 @@ from torch import nn
 
 from hetero_bench.balance_workload import (
     StepClock,
+    bench_model,
     hetero_options,
     powersgd_state,
-    resnet18_32,
     run_loop,
     runtime_record,
     test_accuracy,
@@ -36,7 +36,7 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
     from torch.utils.data import DataLoader, DistributedSampler
 
     torch.manual_seed(0)
-    net = resnet18_32(args.model)
+    net = bench_model(args.model)
     data = train_data(args.batch, world, steps)
     clock = StepClock()
     clock.attach(net)

@@ -11,8 +11,8 @@ from torch import nn
 
 from hetero_bench.balance_workload import (
     StepClock,
+    bench_model,
     hetero_options,
-    resnet18_32,
     runtime_record,
     test_accuracy,
     train_data,
@@ -73,7 +73,7 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
                         enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback])
     loader = DataLoader(train_data(args.batch, world, steps), batch_size=args.batch, shuffle=True, drop_last=True)
-    model = _Classifier(resnet18_32(args.model), args.lr)
+    model = _Classifier(bench_model(args.model), args.lr)
     trainer.fit(model, loader)
     out = callback.clock.record(mode) | runtime_record(getattr(trainer.strategy, "runtime", None))
     if args.accuracy:

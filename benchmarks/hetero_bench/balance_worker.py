@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from hetero_bench.balance_summary import FRAMEWORKS, MODELS, TRAININGS
-from hetero_bench.balance_workload import resnet18_32
+from hetero_bench.balance_workload import bench_model
 
 __all__ = ["MODES", "main"]
 
@@ -62,7 +62,7 @@ def _solo(args: argparse.Namespace) -> dict:
         os.environ.update(saved)
     # solo runs first: its group is then kept for the launch's next modes (main() destroys it)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    grad = torch.zeros(sum(p.numel() for p in resnet18_32(args.model).parameters()))  # (P,) the whole gradient
+    grad = torch.zeros(sum(p.numel() for p in bench_model(args.model).parameters()))  # (P,) the whole gradient
     ar = []
     for i in range(args.ar_reps + 1):
         dist.barrier()
