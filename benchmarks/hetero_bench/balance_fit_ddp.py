@@ -17,7 +17,6 @@ import torch.distributed as dist
 from torch import nn
 
 from hetero_bench.balance_workload import (
-    StepClock,
     bench_model,
     hetero_options,
     powersgd_state,
@@ -26,6 +25,7 @@ from hetero_bench.balance_workload import (
     test_accuracy,
     train_data,
 )
+from hetero_strategy.workloads.step_clock import StepClock
 
 __all__ = ["fit"]
 

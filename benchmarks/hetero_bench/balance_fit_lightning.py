@@ -1,4 +1,7 @@
-"""``bench balance``'s Lightning loop: ``L.Trainer`` with ``"ddp"``, PowerSGD DDP or ``HeteroStrategy``."""
+"""``bench balance``'s Lightning loop: ``L.Trainer`` with ``"ddp"``, PowerSGD DDP or ``HeteroStrategy``.
+
+The LightningModule and the clock are the demo's (:mod:`hetero_strategy.commands.demo_worker`).
+"""
 
 from __future__ import annotations
 
@@ -6,53 +9,17 @@ import argparse
 from typing import Any
 
 import lightning as L
-import torch
-from torch import nn
 
 from hetero_bench.balance_workload import (
-    StepClock,
     bench_model,
     hetero_options,
     runtime_record,
     test_accuracy,
     train_data,
 )
+from hetero_strategy.commands.demo_worker import Classifier, ClockCallback
 
 __all__ = ["fit"]
-
-
-class _Classifier(L.LightningModule):
-    def __init__(self, net: nn.Module, lr: float) -> None:
-        super().__init__()
-        self.net, self.lr = net, lr
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
-
-
-class _Clock(L.Callback):
-    def __init__(self) -> None:
-        self.clock = StepClock()
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.clock.attach(pl_module)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
-        self.clock.batch_start(len(batch[0]))
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, out: Any, batch: Any,
-                           i: int) -> None:
-        self.clock.batch_end()
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.clock.close()
 
 
 def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
@@ -68,12 +35,12 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
         raise ValueError("mode ddp_powersgd needs --framework ddp (Lightning registers DDP comm hooks on CUDA only)")
     else:
         strategy = HeteroStrategy(**hetero_options(mode, args, world))
-    callback = _Clock()
+    callback = ClockCallback()
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback])
     loader = DataLoader(train_data(args.batch, world, steps), batch_size=args.batch, shuffle=True, drop_last=True)
-    model = _Classifier(bench_model(args.model), args.lr)
+    model = Classifier(bench_model(args.model), args.lr)
     trainer.fit(model, loader)
     out = callback.clock.record(mode) | runtime_record(getattr(trainer.strategy, "runtime", None))
     if args.accuracy:

@@ -7,7 +7,7 @@ bare-DDP loop several in turn in one launch, sharing its process group):
   communication; all ranks run at once, each on its own quota, as in training), then the bare
   all-reduce of a tensor the size of the model's gradient over gloo (t_ar).
 * ``ddp`` / ``hetero`` / ``hetero_cal`` / ``hetero_auto`` — ``strategy="ddp"``, the static probe,
-  calibration from equal shares, or the probe then calibration (what ``make demo`` runs).
+  calibration from equal shares, or the probe then calibration (as ``make demo`` does).
 * ``split`` — ``batch_sizes=--sizes``: one fixed split of the benchmark's sweep.
 * ``ddp_powersgd`` — DDP with PyTorch's own ``powerSGD_hook`` (equal batches).
 * ``hetero_tiered`` — hetero with ``compression="tiered"`` and the static probe.

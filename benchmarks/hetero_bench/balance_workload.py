@@ -1,4 +1,4 @@
-"""What both of ``bench balance``'s training loops share: data, model, step clock, hetero options.
+"""What both of ``bench balance``'s training loops share: data, model, hetero options, the bare loop.
 
 Plain PyTorch: the bare-DDP loop (:mod:`.balance_fit_ddp`) must not pay for importing Lightning
 (about 12 s of CPU, 50 s for a rank held to a quarter of a core).
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "test_accuracy",
+__all__ = ["bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "test_accuracy",
            "train_data"]
 
 
@@ -71,45 +70,8 @@ def test_accuracy(net: torch.nn.Module) -> float:
     return accuracy(net, digits_datasets(size=32)[1])
 
 
-class StepClock:
-    """Per training step on this rank: start time, local batch size and compute time.
-
-    Compute ends when autograd has produced the gradient of the model's first layer (the last
-    gradient of backward): DDP's all-reduce only waits after that, so the span excludes waiting
-    for peers. The same clock serves plain DDP, hetero and solo runs (a tensor hook changes none).
-    """
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.batches: list[int] = []
-        self.compute_s: list[float] = []
-        self._grad_time: float | None = None
-
-    def attach(self, module: torch.nn.Module) -> None:
-        first = next(p for p in module.parameters() if p.requires_grad)
-        first.register_hook(self._grad_ready)
-
-    def _grad_ready(self, grad: torch.Tensor) -> None:
-        self._grad_time = time.perf_counter()
-
-    def batch_start(self, n: int) -> None:
-        self.starts.append(time.perf_counter())
-        self.batches.append(int(n))
-        self._grad_time = None
-
-    def batch_end(self) -> None:
-        end = self._grad_time if self._grad_time is not None else time.perf_counter()
-        self.compute_s.append(end - self.starts[-1])
-
-    def close(self) -> None:
-        self.starts.append(time.perf_counter())  # closes the last step
-
-    def record(self, mode: str) -> dict[str, Any]:
-        return {"mode": mode, "starts": self.starts, "batches": self.batches, "compute_s": self.compute_s}
-
-
 def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor], steps: int,
-             opt: torch.optim.Optimizer, clock: StepClock, runtime: Any = None,
+             opt: torch.optim.Optimizer, clock: Any, runtime: Any = None,
              count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> None:
     """``steps`` plain training steps, wired to the hetero runtime as its docs ask of a bare-DDP
     loop (``batch_start`` / ``backward_end`` / ``step_end``). The data must cover the run."""

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero_bench.balance_workload import StepClock, run_loop, runtime_record
+from hetero_bench.balance_workload import run_loop, runtime_record
+from hetero_strategy.workloads.step_clock import StepClock
 
 __all__ = ["MODES", "main"]
 

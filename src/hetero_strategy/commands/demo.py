@@ -28,7 +28,7 @@ from hetero_strategy.commands.flags import cluster_args, count, number, rates, s
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
 
-_WORKER = "hetero_bench.balance_worker"
+_WORKER = "hetero_strategy.commands.demo_worker"
 _MODES = {"ddp": "plain DDP", "hetero_auto": "hetero"}  # hetero: probe, then online calibration
 
 
@@ -83,12 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
-    from hetero_strategy.commands.bench import benchmarks_dir
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(benchmarks_dir()), os.environ.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(tmp), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--cal-steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
-           "--lr", "0.05", "--progress", "--accuracy"]
+           "--steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
+           "--lr", "0.05", "--progress"]
     res = cluster.run(cmd, timeout=args.timeout, capture=False)
     if not res.ok:
         raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out})")
