@@ -6,7 +6,7 @@ step costs its tokens). Round 1 measures each rank's tokens/s alone and fixes th
 from it; then every round runs, alternating the order: plain DDP (equal counts), the hetero
 split by count, and the same split with ``sample_cost="lengths"`` (each global batch dealt out
 by tokens). Figures are medians over rounds with their spread; ``balance`` is the median over
-steps of one step's balance across ranks (1 - (max - min) / max compute time).
+steps of one step's balance across ranks (:func:`~hetero_strategy.runtime.metrics.balance`).
 
 Example::
 
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hetero_bench._ranks import run_job, worker
-from hetero_bench.balance_metrics import median_step
 from hetero_bench.balance_summary import spread
 from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.runtime.metrics import balance, median_step
 
 __all__ = ["add_arguments", "figures", "run"]
 
@@ -49,8 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def figures(ranks: list[dict], measure: int, global_batch: int) -> dict[str, float]:
     """One run's step time, samples/s, tokens/s and per-step balance over its last ``measure`` steps."""
-    from hetero_strategy.runtime.timer import balance
-
     step = median_step(ranks[0]["starts"], measure)
     n = len(ranks[0]["compute_s"])
     last = range(max(0, n - measure), n)

@@ -93,20 +93,16 @@ def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> lis
 
 
 def figures(ranks: list[dict], measure: int) -> dict[str, Any]:
-    """Throughput, fast-rank idle and balance over the last ``measure`` steps of one run.
+    """Throughput, fast-rank idle and balance over the last ``measure`` steps of one run
+    (definitions in :mod:`hetero_strategy.runtime.metrics`)."""
+    from hetero_strategy.runtime.metrics import balance, fast_rank_idle, median_step
 
-    The fast rank is the one with the shortest compute per sample; its idle share is the part of
-    the step it spends neither computing nor in flight with its own gradient: waiting for peers.
-    """
-    steps = [b - a for a, b in zip(ranks[0]["starts"], ranks[0]["starts"][1:])][-measure:]
-    step = statistics.median(steps)
+    step = median_step(ranks[0]["starts"], measure)
     sizes = [int(statistics.median(r["batches"][-measure:])) for r in ranks]
     compute = [statistics.median(r["compute_s"][-measure:]) for r in ranks]
-    fast = min(range(len(ranks)), key=lambda k: compute[k] / sizes[k])
     return {
         "samples_per_s": sum(sizes) / step, "step_s": step, "batch_sizes": sizes, "compute_s": compute,
-        "fast_rank_idle_fraction": max(0.0, step - compute[fast]) / step,
-        "balance": 1.0 - (max(compute) - min(compute)) / max(compute),
+        "fast_rank_idle_fraction": fast_rank_idle(step, compute, sizes), "balance": balance(compute),
         "accuracy": ranks[0].get("accuracy"),
     }
 
