@@ -110,14 +110,13 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     console = Console()
-    checked, spec = _check(args), cluster_args(args.compute, args.link)
-    if isinstance(checked, str) or isinstance(spec, str):
-        console.print(f"bench balance: {checked if isinstance(checked, str) else spec}", style="red", markup=False,
-                      highlight=False)
+    checked = _check(args)
+    if isinstance(checked, str):
+        console.print(f"bench balance: {checked}", style="red", markup=False, highlight=False)
         return 2
+    compute, links = cluster_args(args.compute, args.link)
     trainings, alphas = checked
     started = time.perf_counter()
-    compute, links = spec
     rounds: list[dict] = []
     splits: list[list[int]] = []
     try:

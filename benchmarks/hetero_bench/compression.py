@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hetero_bench._ranks import worker
 from hetero_strategy.cluster.tiers import parse_rate
-from hetero_strategy.commands.flags import count, number, rates
+from hetero_strategy.commands.flags import count, number, rate
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
@@ -42,7 +42,7 @@ _WORKER = "compression_worker"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
-    parser.add_argument("--link", type=rates, default="100mbit", help="slow link rate (step time and time to accuracy)")
+    parser.add_argument("--link", type=rate, default="100mbit", help="slow link rate (step time and time to accuracy)")
     parser.add_argument("--rounds", type=count(1), default=10, help="timed steps per method (alternating)")
     parser.add_argument("--steps", type=count(1), default=200, help="time-to-accuracy step budget")
     parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")

@@ -65,13 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     console = Console()
-    spec = cluster_args(args.compute, args.link)
-    if isinstance(spec, str) or args.measure >= args.steps:
-        why = spec if isinstance(spec, str) else f"--measure={args.measure} is invalid: it must be below --steps"
-        console.print(f"bench lengths: {why}", style="red", markup=False, highlight=False)
+    compute, links = cluster_args(args.compute, args.link)
+    if args.measure >= args.steps:
+        console.print(f"bench lengths: --measure={args.measure} is invalid: it must be below --steps", style="red",
+                      markup=False, highlight=False)
         return 2
     started = time.perf_counter()
-    compute, links = spec
     g = args.batch * len(compute)
     rounds, sizes, solo = [], None, None
     try:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from hetero_bench._ranks import worker
-from hetero_strategy.commands.flags import count, number, rates
+from hetero_strategy.commands.flags import count, number, rate
 
 __all__ = ["add_arguments", "run", "summarise"]
 
@@ -34,7 +34,7 @@ _WORKER = "overlap_worker"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
-    parser.add_argument("--link", type=rates, default="100mbit", help="emulated link rate of both ranks")
+    parser.add_argument("--link", type=rate, default="100mbit", help="emulated link rate of both ranks")
     parser.add_argument("--mtu", type=count(576), default=None,
                         help="the emulated links' MTU (default 9000): at Linux's 1500 the kernel's per-packet "
                              "work, which a real NIC does, takes CPU from the codec beside a transfer")

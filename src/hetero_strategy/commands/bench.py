@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import hetero_strategy
+from hetero_strategy.commands.flags import UsageError
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
@@ -79,4 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if not getattr(args, "_bench_run", None):
         print("choose a benchmark: " + ", ".join(MODES) + " (hetero-strategy bench MODE --help)")
         return 2
-    return int(args._bench_run(args) or 0)
+    try:
+        return int(args._bench_run(args) or 0)
+    except UsageError as e:  # flags that do not fit together (--compute and --link): as argparse, exit 2
+        print(f"bench {args.bench_mode}: {e}")
+        return 2

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import UsageError, cluster_args, count, number, rates, shares
 
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
@@ -51,11 +51,12 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate.report import cluster_table
 
     console = Console()
-    cluster_spec = cluster_args(args.compute, args.link)
-    if isinstance(cluster_spec, str) or args.measure >= args.steps:
-        why = cluster_spec if isinstance(cluster_spec, str) else (
-            f"--measure={args.measure} is invalid: it must be below --steps={args.steps}")
-        console.print(f"demo: {why}", style="red", markup=False, highlight=False)
+    try:
+        cluster_spec = cluster_args(args.compute, args.link)
+        if args.measure >= args.steps:
+            raise UsageError(f"--measure={args.measure} is invalid: it must be below --steps={args.steps}")
+    except UsageError as e:
+        console.print(f"demo: {e}", style="red", markup=False, highlight=False, soft_wrap=True)
         return 2
     simulate = args.simulate or os.geteuid() != 0
     if simulate and not args.simulate:
