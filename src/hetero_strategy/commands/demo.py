@@ -10,6 +10,12 @@ Example::
 
     hetero-strategy demo                   # ~2 minutes on 2 cores
     hetero-strategy demo --steps 60 --batch 128
+    make demo                              # from a checkout: writes benchmarks/results/demo.json and .png
+
+``demo.json`` keys: ``emulation``, ``compute``, ``link``, ``batch_per_rank``, ``steps``,
+``measure_last``, ``command``, ``definitions`` (the module defining the figures), and ``modes``:
+``ddp`` and ``hetero_auto``, each with ``samples_per_s``, ``step_s``, ``batch_sizes``,
+``compute_s``, ``fast_rank_idle_fraction``, ``balance`` and ``accuracy``.
 """
 
 from __future__ import annotations
@@ -74,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
     summary = {mode: figures(ranks, args.measure) for mode, ranks in results.items()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "demo.json").write_text(json.dumps({"emulation": "simulated" if simulate else "namespaces",
-                                               "compute": args.compute, "link": args.link, "modes": summary},
-                                              indent=2))
+    (out / "demo.json").write_text(json.dumps({
+        "emulation": "simulated" if simulate else "namespaces", "compute": args.compute, "link": args.link,
+        "batch_per_rank": args.batch, "steps": args.steps, "measure_last": args.measure,
+        "command": " ".join(["hetero-strategy", *sys.argv[1:]]), "definitions": "hetero_strategy.runtime.metrics",
+        "modes": summary}, indent=2))
     _chart(summary, out / "demo.png", simulate)
     _table(console, summary, args, simulate)
     console.print(f"chart: {out / 'demo.png'}   figures: {out / 'demo.json'}")
