@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[recipes,dev,docs]'
 	touch $(STAMP)
 
+# The README's demo figures are this result: benchmarks/results/demo.json (+ demo.png), committed.
 demo: install
-	$(BIN)/hetero-strategy demo
+	$(BIN)/hetero-strategy demo --out benchmarks/results
 
 test: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import torch
 from accelerate_loop import Parts, parser, train
-from vision_task import CHANNELS, LR, MOMENTUM, forward_batch, resnet, vision_datasets
+from vision_task import CHANNELS, LR, MOMENTUM, forward_batch, vision_datasets
+
+from hetero_strategy.workloads.resnets import resnet_cifar_stem
 
 
 def build(args) -> Parts:
     train_set, test_set = vision_datasets(args.data, args.data_dir, args.download)
-    model = resnet(args.arch, in_channels=CHANNELS[args.data], seed=args.seed)
+    model = resnet_cifar_stem(args.arch, in_channels=CHANNELS[args.data], seed=args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     return Parts(model, optimizer, train_set, test_set, forward_batch)
 

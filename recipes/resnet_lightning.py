@@ -36,7 +36,9 @@ import lightning as L
 import torch
 from lightning_task import ClassifierModule, run
 from torch.utils.data import DataLoader
-from vision_task import CHANNELS, LR, MOMENTUM, forward_batch, resnet, vision_datasets
+from vision_task import CHANNELS, LR, MOMENTUM, forward_batch, vision_datasets
+
+from hetero_strategy.workloads.resnets import resnet_cifar_stem
 
 
 class ResNetClassifier(ClassifierModule):
@@ -54,7 +56,7 @@ class ResNetClassifier(ClassifierModule):
                  seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = resnet(arch, in_channels=in_channels, seed=seed)
+        self.net = resnet_cifar_stem(arch, in_channels=in_channels, seed=seed)
 
     def forward_batch(self, batch):
         return forward_batch(self.net, batch)

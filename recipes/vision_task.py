@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from hetero_strategy.workloads.digits import digits_datasets, small_resnet
+from hetero_strategy.workloads.digits import digits_datasets
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
 CHANNELS = {"digits": 1, "cifar10": 3}  # input channels per data set, known before anything loads
@@ -44,8 +44,3 @@ def forward_batch(model: torch.nn.Module, batch) -> tuple[torch.Tensor, torch.Te
     logits = model(x)
     return torch.nn.functional.cross_entropy(logits, y), logits, y
 
-
-def resnet(arch: str = "resnet18", in_channels: int = 1, num_classes: int = 10, seed: int = 0) -> torch.nn.Module:
-    """A torchvision ResNet (resnet18/34/50 ...) with a CIFAR-style stem, the same weights on every rank."""
-    torch.manual_seed(seed)
-    return small_resnet(arch, num_classes=num_classes, in_channels=in_channels)

@@ -199,8 +199,9 @@ def _no_work(monkeypatch):
     """Any real work (an emulated cluster, ranks, a profile, a benchmark stage) fails the case."""
     import subprocess
 
-    import hetero_strategy.benchmarks_impl._ranks as ranks
-    from hetero_strategy.benchmarks_impl import compression
+    import hetero_bench._ranks as ranks
+    from hetero_bench import compression
+
     from hetero_strategy.cluster import profile
     from hetero_strategy.emulate import cluster
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from hetero_strategy.benchmarks_impl.accelerate import _summary
+from hetero_bench.accelerate import _summary
 
 
 def test_summary_is_per_round_ratios_with_median_and_spread():

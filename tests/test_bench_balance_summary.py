@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
-from hetero_strategy.benchmarks_impl.balance_metrics import round_figures
-from hetero_strategy.benchmarks_impl.balance_summary import summarise, sweep_splits
+from hetero_bench.balance_metrics import round_figures
+from hetero_bench.balance_summary import summarise, sweep_splits
 
 _SOLO = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.1}
 
@@ -119,7 +118,7 @@ def test_the_default_trainings_keep_every_key_scripts_read():
 def test_bad_bench_options_are_refused_before_anything_starts(argv, needle):
     import argparse
 
-    from hetero_strategy.benchmarks_impl.balance import _check, add_arguments
+    from hetero_bench.balance import _check, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -16,8 +16,8 @@ from dist_utils import init_gloo, run_distributed
 def _converge(rank: int, world: int) -> dict:
     import os
 
-    from hetero_strategy.benchmarks_impl import compression_worker as w
-    from hetero_strategy.benchmarks_impl.compression_e2e import converge
+    from hetero_bench import compression_worker as w
+    from hetero_bench.compression_e2e import converge
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     init_gloo(rank, world)
@@ -42,7 +42,7 @@ def test_time_to_accuracy_charges_the_bytes_and_counts_the_wire():
 
 
 def test_overlap_efficiency_by_hand():
-    from hetero_strategy.benchmarks_impl.overlap import summarise
+    from hetero_bench.overlap import summarise
 
     # one chunk: codec 0.4 s, exchange 0.3 s, so a serial hook takes 0.7 s (0) and a perfect one 0.4 s (1);
     # in four chunks the codec alone is faster (0.3 s): efficiency_same_chunks leaves that gain out

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 from dist_utils import launch_env, run_command
-
-from hetero_strategy.benchmarks_impl.hybrid import summarise, time_to_target
+from hetero_bench._ranks import worker
+from hetero_bench.hybrid import summarise, time_to_target
 
 
 def _run(curve, accuracy, phases=()):
@@ -39,9 +39,10 @@ def test_ratios_pair_seeds_and_a_missed_target_leaves_the_median_out():
 
 def test_the_worker_runs_every_mode_to_the_end_on_two_ranks(tmp_path):
     """One short epoch per mode (unequal step counts included) ends on both ranks: no hang."""
+    module = worker("hybrid_worker")[1:]  # -m hetero_bench.hybrid_worker; puts benchmarks/ on PYTHONPATH
     env = launch_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", env["MASTER_PORT"], "-m", "hetero_strategy.benchmarks_impl.hybrid_worker",
+           "--master-port", env["MASTER_PORT"], *module,
            str(tmp_path), "--seeds", "1", "--epochs", "1", "--batch", "96", "--capacities", "1.0,0.5"]
     rc, log = run_command(cmd, env=env, timeout=120)
     assert rc == 0, log[-3000:]

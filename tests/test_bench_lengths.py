@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 import torch
+from hetero_bench.lengths import figures
 
 from hetero_strategy.balance.costed import deal_by_cost
-from hetero_strategy.benchmarks_impl.lengths import figures
 from hetero_strategy.workloads.skewed_text import PackedTokenMLP, SkewedTexts, pack
 
 

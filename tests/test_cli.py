@@ -28,3 +28,92 @@ def test_demo_figures_by_hand():
     assert f["fast_rank_idle_fraction"] == pytest.approx(0.6)  # rank 0 is fast per sample
     assert f["balance"] == pytest.approx(0.5)
     assert f["accuracy"] == 0.9
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    """(exit status, everything printed) of one in-process run of the command."""
+    import contextlib
+    import io
+
+    from hetero_strategy import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # argparse's --help and its refusals
+            code = e.code
+    return code, out.getvalue()
+
+
+def test_bench_runs_the_checkouts_benchmarks():
+    from pathlib import Path
+
+    from hetero_strategy.commands import bench
+
+    assert bench.benchmarks_dir() == Path(__file__).resolve().parents[1] / "benchmarks"
+    code, text = _cli(["bench", "soak", "--help"])
+    assert code == 0 and "--flap-at" in text  # the mode's own flags, from benchmarks/hetero_bench/soak.py
+
+
+@pytest.mark.parametrize("argv", [["bench", "balance", "--json", "x.json", "--rounds", "1"], ["bench"],
+                                  ["bench", "soak"]])
+def test_bench_from_a_wheel_says_where_the_benchmarks_are(tmp_path, monkeypatch, argv):
+    from hetero_strategy.commands import bench
+
+    monkeypatch.setattr(bench, "CHECKOUT", tmp_path / "site-packages")  # as installed: no benchmarks/ beside src/
+    assert bench.benchmarks_dir() is None
+    code, text = _cli(argv)
+    assert code == 2, text
+    assert text.strip().count("\n") == 0 and "make install" in text and "clone" in text, text
+    code, text = _cli(["bench", "--help"])
+    assert code == 0 and all(mode in text for mode in bench.MODES), text
+
+
+# Every command that takes --compute / --link, with values argparse accepts one by one but that do
+# not describe a cluster (too few ranks, more links than ranks); a single rate where a list is given.
+_BAD_CLUSTER = [
+    ("demo --compute 1.0", "--compute='1.0'"),
+    ("demo --compute 1.0,0.5 --link 1gbit,1gbit,1gbit", "--link='1gbit,1gbit,1gbit'"),
+    ("emulate --compute 1.0,0.5 --link 1gbit,1gbit,1gbit -- true", "--link='1gbit,1gbit,1gbit'"),
+    ("emulate --nodes 1,1 --link 1gbit,1gbit,1gbit -- true", "--nodes='1,1'"),
+    ("bench balance --compute 1.0", "--compute='1.0'"),
+    ("bench balance --compute 1.0,0.5 --link 1gbit,1gbit,1gbit", "--link='1gbit,1gbit,1gbit'"),
+    ("bench lengths --compute 1.0", "--compute='1.0'"),
+    ("bench lengths --compute 1.0,0.5 --link 1gbit,1gbit,1gbit", "--link='1gbit,1gbit,1gbit'"),
+    ("bench hybrid --compute 1.0", "--compute='1.0'"),
+    ("bench hybrid --compute 1.0,0.5 --link 1gbit,1gbit,1gbit", "--link='1gbit,1gbit,1gbit'"),
+    ("bench soak --compute 1.0", "--compute='1.0'"),
+    ("bench soak --compute 1.0,0.5 --link 1gbit,1gbit,1gbit", "--link='1gbit,1gbit,1gbit'"),
+    ("bench soak --flap fast", "'fast'"),
+    ("bench compression --link 1gbit,100mbit", "'1gbit,100mbit'"),
+    ("bench overlap --link 1gbit,100mbit", "'1gbit,100mbit'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), _BAD_CLUSTER)
+def test_bad_cluster_flags_exit_2_naming_the_flag_and_value(monkeypatch, argv, needle):
+    from hetero_strategy.emulate import cluster
+
+    def started(*_a, **_k):
+        raise AssertionError("the command built a cluster before refusing its flags")
+
+    monkeypatch.setattr(cluster.EmulatedCluster, "start", started)
+    code, text = _cli(argv.split())
+    assert code == 2, text
+    assert needle in text, text
+    assert "Traceback" not in text, text
+
+
+def test_no_module_of_the_package_imports_the_benchmarks_or_the_tests():
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "src" / "hetero_strategy"
+    outside = ("hetero_bench", "tests", "benchmarks", "dist_utils", "ef_oracle", "oracle", "lit_models")
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert name.split(".")[0] not in outside, f"{path.relative_to(package)} imports {name}"

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
+from hetero_bench.flat_bucket import FlatBucket
 
 from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.hooks import CompressedState, onebit_hook, topk_hook
 from hetero_strategy.hooks.codecs import SignCodec, TopKCodec
-from hetero_strategy.hooks.flat_bucket import FlatBucket
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.tiers import resolve_tier, tier_from_bandwidth, tier_policy

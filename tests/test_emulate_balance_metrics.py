@@ -1,10 +1,9 @@
-"""Figures of ``bench balance`` from hand-built per-rank clocks (definitions in issue 3)."""
+"""Figures of ``bench balance`` from hand-built per-rank clocks (definitions in runtime/metrics.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from hetero_strategy.benchmarks_impl.balance_metrics import mode_figures, round_figures, solo_figures
+from hetero_bench.balance_metrics import mode_figures, round_figures, solo_figures
 
 
 def _clock(step_s: float, steps: int) -> list[float]:
@@ -31,13 +30,13 @@ def test_ddp_idle_balance_and_speedup():
            for b, c in ((133, 0.33), (67, 0.34))]
     modes = {"ddp": mode_figures(ddp, solo, measure=10), "hetero": mode_figures(het, solo, measure=10)}
     assert modes["ddp"]["samples_per_s"] == pytest.approx(200 / 0.6)
-    # fast rank: 0.6 - 100/400 - 0.1 = 0.25 s of waiting in a 0.6 s step
-    assert modes["ddp"]["fast_rank_idle_fraction"] == pytest.approx(0.25 / 0.6)
+    # fast rank (solo estimate 100/400 = 0.25 s of compute): 0.6 - 0.25 = 0.35 s not computing in a 0.6 s step
+    assert modes["ddp"]["fast_rank_idle_fraction"] == pytest.approx(0.35 / 0.6)
     assert modes["ddp"]["balance"] == pytest.approx(1 - (0.5 - 0.25) / 0.5)  # from solo speeds
     # hetero: the measured compute of the fast rank (0.33 s) counts, not the solo estimate.
-    assert modes["hetero"]["fast_rank_idle_fraction"] == pytest.approx((0.45 - 0.33 - 0.1) / 0.45)
+    assert modes["hetero"]["fast_rank_idle_fraction"] == pytest.approx((0.45 - 0.33) / 0.45)
     assert modes["hetero"]["fast_rank_idle_fraction_solo_estimate"] == pytest.approx(
-        (0.45 - 133 / 400 - 0.1) / 0.45)
+        (0.45 - 133 / 400) / 0.45)
     assert modes["hetero"]["balance"] == pytest.approx(1 - 0.01 / 0.34)
     assert modes["hetero"]["batch_sizes"] == [133, 67]
     out = round_figures(solo, modes, global_batch=200)
@@ -45,7 +44,8 @@ def test_ddp_idle_balance_and_speedup():
     assert out["hetero_vs_ideal"] == pytest.approx((200 / 0.45) / out["ideal_samples_per_s"])
 
 
-def test_idle_never_negative_when_communication_is_hidden():
+def test_idle_never_negative_when_the_estimated_compute_outlasts_the_step():
     solo = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.2}
-    het = [{"starts": _clock(0.35, 12), "batches": [b] * 12} for b in (133, 67)]
+    # the fast rank's estimated compute, 133 / 400 = 0.3325 s, is longer than the 0.3 s step
+    het = [{"starts": _clock(0.3, 12), "batches": [b] * 12} for b in (133, 67)]
     assert mode_figures(het, solo, measure=5)["fast_rank_idle_fraction"] == 0.0

@@ -10,8 +10,7 @@ import pytest
 import torch
 from dist_utils import init_gloo, run_distributed
 from ef_oracle import k_for, top_k
-
-from hetero_strategy.hooks.flat_bucket import FlatBucket
+from hetero_bench.flat_bucket import FlatBucket
 
 SIZES = [10, 7, 13]
 DENSITY = 0.25

@@ -72,7 +72,7 @@ def test_resnet_lightning_cli_with_fixed_split_logs_per_rank_metrics(tmp_path, m
     fig = _figures(log, steps=2)
     assert fig["split"] == [10, 6]  # the user's split, not the probe's
     monkeypatch.syspath_prepend(str(RECIPES))
-    from vision_task import resnet
+    from hetero_strategy.workloads.resnets import resnet_cifar_stem as resnet
 
     assert fig["mb"] == pytest.approx([_dense_ring_mb(_params(resnet("resnet18")))] * 2, abs=1e-3)
     # the CSV logger is on by default and holds every rank's figures
@@ -99,7 +99,7 @@ def test_resnet_accelerate_with_a_hetero_yaml(tmp_path, monkeypatch):
     fig = _figures(log, steps=2)
     assert fig["split"] == [6, 10]
     monkeypatch.syspath_prepend(str(RECIPES))
-    from vision_task import resnet
+    from hetero_strategy.workloads.resnets import resnet_cifar_stem as resnet
 
     assert fig["mb"] == pytest.approx([_dense_ring_mb(_params(resnet("resnet18")))] * 2, abs=1e-3)
 

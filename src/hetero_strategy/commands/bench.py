@@ -1,7 +1,10 @@
-"""``hetero-strategy bench``: benchmarks, one sub-mode each (``compression``, ``balance``).
+"""``hetero-strategy bench``: benchmarks, one sub-mode each (``compression``, ``balance``, ...).
 
-Each sub-mode lives in ``hetero_strategy.benchmarks_impl.<mode>`` (imported lazily, so one missing
-or slow-to-import benchmark never breaks the others) and exposes ``add_arguments`` and ``run``.
+The benchmarks live in the checkout's top-level ``benchmarks/hetero_bench/`` (one module per mode,
+imported lazily, so one missing or slow-to-import benchmark never breaks the others; each exposes
+``add_arguments`` and ``run``), not in the installed package: they need the ``recipes`` extra and
+test stand-ins the library must not ship. From an editable install (``make install``) this command
+finds them beside ``src/``; from a wheel it says how to get them and exits with status 2.
 
 Example::
 
@@ -13,14 +16,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+from pathlib import Path
+
+from hetero_strategy.commands.flags import UsageError
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
         "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost), soak (a flapping link) or hybrid (local-SGD phases).")
 
-__all__ = ["HELP", "MODES", "NAME", "add_arguments", "run"]
+__all__ = ["CHECKOUT", "HELP", "MODES", "NAME", "NOT_IN_CHECKOUT", "add_arguments", "benchmarks_dir", "run"]
 
-# sub-mode -> one-line help; the module is hetero_strategy.benchmarks_impl.<sub-mode>
+# sub-mode -> one-line help; the module is hetero_bench.<sub-mode> under the checkout's benchmarks/
 MODES = {
     "compression": "dense fp32 vs fp16 vs PowerSGD vs Top-K vs tiered: step time, bytes, convergence",
     "balance": "capacity-sized batches vs plain DDP on an emulated heterogeneous cluster",
@@ -31,14 +38,34 @@ MODES = {
     "hybrid": "local-SGD phases (mode='hybrid') vs synchronous hetero and Top-K: time to a target accuracy",
 }
 
+# An editable install imports the package from <checkout>/src/hetero_strategy/; a wheel from site-packages.
+CHECKOUT = Path(__file__).resolve().parents[3]  # src/hetero_strategy/commands/bench.py -> the checkout
+NOT_IN_CHECKOUT = ("bench: the benchmarks are not part of the installed package; they run from a checkout: "
+                   "clone the hetero_strategy repository, run `make install` there, then `hetero-strategy bench MODE`")
+
+
+def benchmarks_dir() -> Path | None:
+    """The checkout's ``benchmarks/`` folder when this package runs from one, else None."""
+    folder = CHECKOUT / "benchmarks"
+    return folder if (folder / "hetero_bench" / "__init__.py").is_file() else None
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    folder = benchmarks_dir()
+    if folder is None:  # a wheel: take any arguments, so that run() can say where the benchmarks are
+        parser.add_argument("bench_mode", nargs="?", metavar="MODE",
+                            help="; ".join(f"{m}: {h}" for m, h in MODES.items()).replace("%", "%%"))
+        parser.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        parser.set_defaults(_bench_error=NOT_IN_CHECKOUT)
+        return
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
     sub = parser.add_subparsers(dest="bench_mode", metavar="MODE")
     for mode, help_text in MODES.items():
         p = sub.add_parser(mode, help=help_text, description=help_text)
         try:
-            module = importlib.import_module(f"hetero_strategy.benchmarks_impl.{mode}")
-        except ImportError as e:  # NOTE: the balance bench is written separately; keep --help working
+            module = importlib.import_module(f"hetero_bench.{mode}")
+        except ImportError as e:  # NOTE: e.g. without the recipes extra; keep --help and the other modes working
             p.set_defaults(_bench_error=f"bench {mode} is not available: {e}")
             continue
         module.add_arguments(p)
@@ -52,4 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if not getattr(args, "_bench_run", None):
         print("choose a benchmark: " + ", ".join(MODES) + " (hetero-strategy bench MODE --help)")
         return 2
-    return int(args._bench_run(args) or 0)
+    try:
+        return int(args._bench_run(args) or 0)
+    except UsageError as e:  # flags that do not fit together (--compute and --link): as argparse, exit 2
+        print(f"bench {args.bench_mode}: {e}")
+        return 2

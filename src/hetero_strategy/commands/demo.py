@@ -10,6 +10,12 @@ Example::
 
     hetero-strategy demo                   # ~2 minutes on 2 cores
     hetero-strategy demo --steps 60 --batch 128
+    make demo                              # from a checkout: writes benchmarks/results/demo.json and .png
+
+``demo.json`` keys: ``emulation``, ``compute``, ``link``, ``batch_per_rank``, ``steps``,
+``measure_last``, ``command``, ``definitions`` (the module defining the figures), and ``modes``:
+``ddp`` and ``hetero_auto``, each with ``samples_per_s``, ``step_s``, ``batch_sizes``,
+``compute_s``, ``fast_rank_idle_fraction``, ``balance`` and ``accuracy``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import UsageError, cluster_args, count, number, rates, shares
 
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
 
-_WORKER = "hetero_strategy.benchmarks_impl.balance_worker"
+_WORKER = "hetero_strategy.commands.demo_worker"
 _MODES = {"ddp": "plain DDP", "hetero_auto": "hetero"}  # hetero: probe, then online calibration
 
 
@@ -51,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate.report import cluster_table
 
     console = Console()
-    cluster_spec = cluster_args(args.compute, args.link)
-    if isinstance(cluster_spec, str) or args.measure >= args.steps:
-        why = cluster_spec if isinstance(cluster_spec, str) else (
-            f"--measure={args.measure} is invalid: it must be below --steps={args.steps}")
-        console.print(f"demo: {why}", style="red", markup=False, highlight=False)
+    try:
+        cluster_spec = cluster_args(args.compute, args.link)
+        if args.measure >= args.steps:
+            raise UsageError(f"--measure={args.measure} is invalid: it must be below --steps={args.steps}")
+    except UsageError as e:
+        console.print(f"demo: {e}", style="red", markup=False, highlight=False, soft_wrap=True)
         return 2
     simulate = args.simulate or os.geteuid() != 0
     if simulate and not args.simulate:
@@ -73,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
     summary = {mode: figures(ranks, args.measure) for mode, ranks in results.items()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "demo.json").write_text(json.dumps({"emulation": "simulated" if simulate else "namespaces",
-                                               "compute": args.compute, "link": args.link, "modes": summary},
-                                              indent=2))
+    (out / "demo.json").write_text(json.dumps({
+        "emulation": "simulated" if simulate else "namespaces", "compute": args.compute, "link": args.link,
+        "batch_per_rank": args.batch, "steps": args.steps, "measure_last": args.measure,
+        "command": " ".join(["hetero-strategy", *sys.argv[1:]]), "definitions": "hetero_strategy.runtime.metrics",
+        "modes": summary}, indent=2))
     _chart(summary, out / "demo.png", simulate)
     _table(console, summary, args, simulate)
     console.print(f"chart: {out / 'demo.png'}   figures: {out / 'demo.json'}")
@@ -84,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(tmp), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--cal-steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
-           "--lr", "0.05", "--progress", "--accuracy"]
+           "--steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
+           "--lr", "0.05", "--progress"]
     res = cluster.run(cmd, timeout=args.timeout, capture=False)
     if not res.ok:
         raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out})")
@@ -93,20 +102,16 @@ def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> lis
 
 
 def figures(ranks: list[dict], measure: int) -> dict[str, Any]:
-    """Throughput, fast-rank idle and balance over the last ``measure`` steps of one run.
+    """Throughput, fast-rank idle and balance over the last ``measure`` steps of one run
+    (definitions in :mod:`hetero_strategy.runtime.metrics`)."""
+    from hetero_strategy.runtime.metrics import balance, fast_rank_idle, median_step
 
-    The fast rank is the one with the shortest compute per sample; its idle share is the part of
-    the step it spends neither computing nor in flight with its own gradient: waiting for peers.
-    """
-    steps = [b - a for a, b in zip(ranks[0]["starts"], ranks[0]["starts"][1:])][-measure:]
-    step = statistics.median(steps)
+    step = median_step(ranks[0]["starts"], measure)
     sizes = [int(statistics.median(r["batches"][-measure:])) for r in ranks]
     compute = [statistics.median(r["compute_s"][-measure:]) for r in ranks]
-    fast = min(range(len(ranks)), key=lambda k: compute[k] / sizes[k])
     return {
         "samples_per_s": sum(sizes) / step, "step_s": step, "batch_sizes": sizes, "compute_s": compute,
-        "fast_rank_idle_fraction": max(0.0, step - compute[fast]) / step,
-        "balance": 1.0 - (max(compute) - min(compute)) / max(compute),
+        "fast_rank_idle_fraction": fast_rank_idle(step, compute, sizes), "balance": balance(compute),
         "accuracy": ranks[0].get("accuracy"),
     }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetero_strategy.commands.flags import count, number, rates, shares
+from hetero_strategy.commands.flags import UsageError, cluster_spec, count, number, rates, shares
 
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
@@ -58,10 +58,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         compute, links, latency, nodes = _resolve(args, parse_float_list, parse_link_list)
+        flags = {"--compute": args.compute, "--link": args.link, "--latency": args.latency, "--nodes": args.nodes,
+                 "--mtu": args.mtu if args.mtu != 1500 else None, "--simulate": True if args.simulate else None}
+        cluster_spec(flags, compute=compute, links=links, latency_ms=latency, nodes=nodes, simulate=args.simulate,
+                     mtu=args.mtu)  # the emulator's own check, refused naming the flags
         cluster = EmulatedCluster(compute, links, latency, simulate=args.simulate, measure=not args.no_measure,
                                   nodes=nodes, mtu=args.mtu)
-    except ValueError as e:
-        console.print(f"[red]emulate: {e}")
+    except (UsageError, ValueError) as e:
+        console.print(f"emulate: {e}", style="red", markup=False, highlight=False, soft_wrap=True)  # one line
         return 2
     # NOTE: SIGTERM, SIGHUP and Ctrl-C unwind through the `with` below (commands/signals.py)
     try:

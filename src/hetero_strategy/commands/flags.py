@@ -3,7 +3,9 @@
 argparse then prints ``error: argument --rounds: '0' is invalid: give a whole number >= 1`` and
 exits with status 2: the flag, the value and the fix, before any work (no emulator, no ranks).
 List flags (``--compute 1.0,0.57``, ``--link 10gbit,1gbit``) keep their text once checked, since
-the commands parse them further themselves.
+the commands parse them further themselves. Flags that must agree with each other (as
+``--compute`` and ``--link``) are checked together by :func:`cluster_args`, which raises
+:class:`UsageError`; ``bench`` and ``demo`` print it and exit with status 2, as argparse does.
 
 Example::
 
@@ -16,8 +18,13 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
-__all__ = ["choices_list", "cluster_args", "count", "number", "rates", "shares"]
+__all__ = ["UsageError", "choices_list", "cluster_args", "cluster_spec", "count", "number", "rate", "rates", "shares"]
+
+
+class UsageError(ValueError):
+    """Command-line values that do not fit together: the message names the flags, values and fix."""
 
 
 def _bad(text: str, fix: str) -> argparse.ArgumentTypeError:
@@ -87,6 +94,17 @@ def rates(text: str) -> str:
     return text
 
 
+def rate(text: str) -> str:
+    """One link rate in tc's spelling (10gbit, 100mbit, 800kbit)."""
+    from hetero_strategy.cluster.tiers import parse_rate
+
+    try:
+        parse_rate(text)
+    except ValueError:
+        raise _bad(text, "give one rate such as 50mbit, 1gbit or 10gbit") from None
+    return text
+
+
 def choices_list(allowed: Iterable[str]) -> Callable[[str], str]:
     """Comma-separated names, each one of ``allowed``."""
     names = tuple(allowed)
@@ -102,17 +120,35 @@ def choices_list(allowed: Iterable[str]) -> Callable[[str], str]:
     return parse
 
 
-def cluster_args(compute: str, link: str | None, min_ranks: int = 2) -> tuple[list[float], list[str] | None] | str:
-    """``--compute`` and ``--link`` of an emulated cluster, checked together (the counts must
-    agree); an error message naming the flags otherwise."""
-    from hetero_strategy.emulate.spec import ClusterSpec, parse_float_list, parse_link_list
+def cluster_args(compute: str, link: str | None, min_ranks: int = 2) -> tuple[list[float], list[str] | None]:
+    """``--compute`` and ``--link`` of an emulated cluster, checked together as the emulator will
+    (:class:`~hetero_strategy.emulate.spec.ClusterSpec`: the counts must agree): (per-rank
+    shares, per-rank links or None).
 
-    shares_ = parse_float_list(compute, "--compute")
+    Raises:
+        UsageError: naming the flags, their values and the fix.
+    """
+    from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
+
+    try:
+        shares_ = parse_float_list(compute, "--compute")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     links = parse_link_list(link)
     if len(shares_) < min_ranks:
-        return f"--compute={compute!r} is invalid: give one share per rank, at least {min_ranks}, e.g. 1.0,0.57"
-    try:
-        ClusterSpec(compute=shares_, links=links)
-    except ValueError as e:
-        return f"--compute={compute!r} --link={link!r} do not fit together: {e}"
+        raise UsageError(f"--compute={compute!r} is invalid: give one share per rank, at least {min_ranks}, "
+                         "e.g. 1.0,0.57")
+    cluster_spec({"--compute": compute, "--link": link}, compute=shares_, links=links)
     return shares_, links
+
+
+def cluster_spec(flags: dict[str, Any], **fields: Any) -> Any:
+    """``ClusterSpec(**fields)``, the emulator's own check; refused as a :class:`UsageError` that
+    names the flags given (``flags``: flag -> its text, None when not given)."""
+    from hetero_strategy.emulate.spec import ClusterSpec
+
+    try:
+        return ClusterSpec(**fields)
+    except ValueError as e:
+        given = " ".join(f"{name}={text!r}" for name, text in flags.items() if text is not None)
+        raise UsageError(f"{given} do not fit together: {e}" if " " in given else f"{given}: {e}") from None

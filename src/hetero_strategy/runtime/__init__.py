@@ -6,8 +6,9 @@ adapters over :class:`HeteroRuntime`; it also drives bare ``DistributedDataParal
 
 from hetero_strategy.dist import StallError
 from hetero_strategy.runtime.core import HeteroRuntime
+from hetero_strategy.runtime.metrics import balance
 from hetero_strategy.runtime.nonfinite import NonFiniteError
 from hetero_strategy.runtime.planner import plan_batch_sizes
-from hetero_strategy.runtime.timer import StepTimer, balance
+from hetero_strategy.runtime.timer import StepTimer
 
 __all__ = ["HeteroRuntime", "NonFiniteError", "StallError", "StepTimer", "balance", "plan_batch_sizes"]

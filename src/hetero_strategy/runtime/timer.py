@@ -1,6 +1,7 @@
 """Per-rank step timings: compute time (no waiting for peers), step time, and their spread.
 
 Framework-free: the Lightning and Accelerate adapters call the same timer from their own events.
+The figures it reports (balance) are defined in :mod:`hetero_strategy.runtime.metrics`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,9 @@ import statistics
 import time
 
 from hetero_strategy.dist import all_gather_floats
+from hetero_strategy.runtime.metrics import balance
 
-__all__ = ["StepTimer", "balance"]
-
-
-def balance(times: list[float]) -> float:
-    """1 - (max T - min T) / max T: 1.0 when every rank finishes its compute together."""
-    hi = max(times)
-    return 1.0 - (hi - min(times)) / hi if hi > 0 else 1.0
+__all__ = ["StepTimer"]
 
 
 class StepTimer:

@@ -16,16 +16,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero_strategy.benchmarks_impl.balance_workload import (
-    StepClock,
+from hetero_bench.balance_workload import (
+    bench_model,
     hetero_options,
     powersgd_state,
-    resnet18_32,
     run_loop,
     runtime_record,
     test_accuracy,
     train_data,
 )
+from hetero_strategy.workloads.step_clock import StepClock
 
 __all__ = ["fit"]
 
@@ -36,7 +36,7 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
     from torch.utils.data import DataLoader, DistributedSampler
 
     torch.manual_seed(0)
-    net = resnet18_32(args.model)
+    net = bench_model(args.model)
     data = train_data(args.batch, world, steps)
     clock = StepClock()
     clock.attach(net)

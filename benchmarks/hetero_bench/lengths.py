@@ -6,7 +6,7 @@ step costs its tokens). Round 1 measures each rank's tokens/s alone and fixes th
 from it; then every round runs, alternating the order: plain DDP (equal counts), the hetero
 split by count, and the same split with ``sample_cost="lengths"`` (each global batch dealt out
 by tokens). Figures are medians over rounds with their spread; ``balance`` is the median over
-steps of one step's balance across ranks (1 - (max - min) / max compute time).
+steps of one step's balance across ranks (:func:`~hetero_strategy.runtime.metrics.balance`).
 
 Example::
 
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
-from hetero_strategy.benchmarks_impl.balance_metrics import median_step
-from hetero_strategy.benchmarks_impl.balance_summary import spread
+from hetero_bench._ranks import run_job, worker
+from hetero_bench.balance_summary import spread
 from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.runtime.metrics import balance, median_step
 
 __all__ = ["add_arguments", "figures", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.lengths_worker"
+_WORKER = "lengths_worker"
 _TRAININGS = ("ddp", "count", "cost")
 
 
@@ -49,8 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def figures(ranks: list[dict], measure: int, global_batch: int) -> dict[str, float]:
     """One run's step time, samples/s, tokens/s and per-step balance over its last ``measure`` steps."""
-    from hetero_strategy.runtime.timer import balance
-
     step = median_step(ranks[0]["starts"], measure)
     n = len(ranks[0]["compute_s"])
     last = range(max(0, n - measure), n)
@@ -67,13 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     console = Console()
-    spec = cluster_args(args.compute, args.link)
-    if isinstance(spec, str) or args.measure >= args.steps:
-        why = spec if isinstance(spec, str) else f"--measure={args.measure} is invalid: it must be below --steps"
-        console.print(f"bench lengths: {why}", style="red", markup=False, highlight=False)
+    compute, links = cluster_args(args.compute, args.link)
+    if args.measure >= args.steps:
+        console.print(f"bench lengths: --measure={args.measure} is invalid: it must be below --steps", style="red",
+                      markup=False, highlight=False)
         return 2
     started = time.perf_counter()
-    compute, links = spec
     g = args.batch * len(compute)
     rounds, sizes, solo = [], None, None
     try:
@@ -108,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(cluster: Any, mode: str, sizes: list[int] | None, args: argparse.Namespace, out: Path,
             console: Any) -> list[dict]:
-    cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(out), "--batch", str(args.batch),
+    cmd = [*worker(_WORKER), "--mode", mode, "--out", str(out), "--batch", str(args.batch),
            "--steps", str(args.steps)] + ([] if sizes is None else ["--sizes", ",".join(map(str, sizes))])
     return run_job(cluster, cmd, [mode], out, args.timeout, console, mode)[mode]
 

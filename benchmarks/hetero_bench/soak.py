@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_bench._ranks import run_job, worker
+from hetero_strategy.commands.flags import cluster_args, count, number, rate, rates, shares
 
 __all__ = ["add_arguments", "phases", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.soak_worker"
+_WORKER = "soak_worker"
 _SETTLE = 10  # steps after each link change left out of the figures (the step in flight, recalibration)
 
 
@@ -35,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/soak.json", help="result JSON")
     parser.add_argument("--compute", type=shares, default="1.0,0.5", help="per-rank CPU share (default 1.0,0.5)")
     parser.add_argument("--link", type=rates, default="1gbit", help="per-rank link rate (default 1gbit)")
-    parser.add_argument("--flap", default="50mbit", help="the last rank's link during the flap (default 50mbit)")
+    parser.add_argument("--flap", type=rate, default="50mbit", help="the last rank's link during the flap (default 50mbit)")
     parser.add_argument("--steps", type=count(30), default=300, help="training steps (default 300)")
     parser.add_argument("--flap-at", type=count(1), default=100, help="step the link drops at (default 100)")
     parser.add_argument("--restore-at", type=count(2), default=200, help="step it comes back at (default 200)")
@@ -47,7 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from hetero_strategy.cluster.tiers import parse_rate
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError, leftovers
 
     console = Console()
@@ -56,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]bench soak: --flap-at={args.flap_at} < --restore-at={args.restore_at} < "
                       f"--steps={args.steps} must hold")
         return 2
-    parse_rate(args.flap)
     flaps: dict[str, float] = {}
     try:
         with EmulatedCluster(compute, links) as cluster, tempfile.TemporaryDirectory(prefix="hetero_soak_") as tmp:
@@ -64,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             flapper = threading.Thread(target=_flap, args=(cluster, Path(tmp) / "progress", args, links[-1], flaps,
                                                            stop), daemon=True)
             flapper.start()
-            cmd = [sys.executable, "-m", _WORKER, tmp, str(args.steps), str(args.batch), str(args.hidden)]
+            cmd = [*worker(_WORKER), tmp, str(args.steps), str(args.batch), str(args.hidden)]
             t0 = time.monotonic()
             try:
                 ranks = run_job(cluster, cmd, ["soak"], Path(tmp), args.timeout, console, "soak")["soak"]
@@ -130,6 +127,6 @@ def _live_workers() -> list[str]:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if _WORKER in cmdline:
+            if f"hetero_bench.{_WORKER}" in cmdline:
                 found.append(f"process {proc.name}: {cmdline[:120]}")
     return found

@@ -30,18 +30,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench._ranks import worker
 from hetero_strategy.cluster.tiers import parse_rate
-from hetero_strategy.commands.flags import count, number, rates
+from hetero_strategy.commands.flags import count, number, rate
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
 
-_WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.compression_worker"]
+_WORKER = "compression_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
-    parser.add_argument("--link", type=rates, default="100mbit", help="slow link rate (step time and time to accuracy)")
+    parser.add_argument("--link", type=rate, default="100mbit", help="slow link rate (step time and time to accuracy)")
     parser.add_argument("--rounds", type=count(1), default=10, help="timed steps per method (alternating)")
     parser.add_argument("--steps", type=count(1), default=200, help="time-to-accuracy step budget")
     parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")
@@ -54,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
-           worker: list[str] | None = None) -> None:
-    """Two ranks of ``worker`` (default: this bench's) on loopback (unshaped)."""
+           argv: list[str] | None = None) -> None:
+    """Two ranks of the worker command ``argv`` (default: this bench's) on loopback (unshaped)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -65,7 +66,7 @@ def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
                  LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         e.pop("HETERO_TIER", None)
         e.update(env or {})
-        procs.append(subprocess.Popen([*(worker or _WORKER), *args], env=e, preexec_fn=die_with_parent))  # noqa: PLW1509
+        procs.append(subprocess.Popen([*(argv or worker(_WORKER)), *args], env=e, preexec_fn=die_with_parent))  # noqa: PLW1509
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:
@@ -81,7 +82,7 @@ def _emulated(args: list[str], link: str, timeout: float) -> None:
     from hetero_strategy.emulate import EmulatedCluster
 
     with EmulatedCluster(compute=[1.0, 1.0], links=[link, link]) as cluster:
-        result = cluster.run([*_WORKER, *args], timeout=timeout)
+        result = cluster.run([*worker(_WORKER), *args], timeout=timeout)
     if not result.ok:
         raise RuntimeError(f"emulated bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
 
@@ -166,7 +167,7 @@ def _chart(methods: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero_strategy.benchmarks_impl.compression_worker import METHODS
+    from hetero_bench.compression_worker import METHODS
 
     unknown = [m for m in args.methods or () if m not in METHODS]
     if unknown or (args.methods and "dense_fp32" not in args.methods):

@@ -11,7 +11,7 @@ the emulated cluster it is this rank's link alone).
 
 Example (what each rank runs inside the emulated cluster)::
 
-    python -m hetero_strategy.benchmarks_impl.compression_worker converge --out /tmp/c.json
+    PYTHONPATH=benchmarks python -m hetero_bench.compression_worker converge --out /tmp/c.json
 """
 
 from __future__ import annotations
@@ -48,14 +48,10 @@ def interface_tx_bytes(name: str | None = None) -> int:
 
 
 def _digits():
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from hetero_strategy.workloads.digits import digits_datasets
 
-    data = load_digits()  # shipped with scikit-learn: no download
-    x = torch.tensor(data.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(data.target)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
-    return xtr, ytr, xte, yte
+    train, test = digits_datasets(test_fraction=0.3)
+    return (*train.tensors, *test.tensors)  # xtr, ytr, xte, yte
 
 
 def _was_dense(method: str, state) -> bool:

@@ -12,7 +12,7 @@ Every rank records per step its start time, its token count and its compute time
 
 Example::
 
-    python -m hetero_strategy.benchmarks_impl.lengths_worker --mode cost --sizes 40,24 --out /tmp/l
+    PYTHONPATH=benchmarks python -m hetero_bench.lengths_worker --mode cost --sizes 40,24 --out /tmp/l
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero_strategy.benchmarks_impl.balance_workload import StepClock, run_loop, runtime_record
+from hetero_bench.balance_workload import run_loop, runtime_record
+from hetero_strategy.workloads.step_clock import StepClock
 
 __all__ = ["MODES", "main"]
 

@@ -9,7 +9,7 @@ so every timing covers the same collective on both ranks.
 
 Example (what each rank runs inside the emulated cluster)::
 
-    python -m hetero_strategy.benchmarks_impl.overlap_worker --out /tmp/overlap.json
+    PYTHONPATH=benchmarks python -m hetero_bench.overlap_worker --out /tmp/overlap.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.benchmarks_impl._ranks import gloo_job
-from hetero_strategy.hooks.flat_bucket import FlatBucket
+from hetero_bench._ranks import gloo_job
+from hetero_bench.flat_bucket import FlatBucket
 
 __all__ = ["main"]
 
@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace) -> dict:
     from hetero_strategy.hooks import CompressedState
-    from hetero_strategy.hooks.compressed_hooks import _compress, encode_chunks, store_residuals
+    from hetero_strategy.hooks.compressed_hooks import _compress
     from hetero_strategy.hooks.exchange import finish_exchange, issue_chunk
+    from hetero_strategy.hooks.topk_ef import encode_chunks, store_residuals
 
     sizes = [args.numel // args.params] * args.params
     grad = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(dist.get_rank()))
@@ -61,7 +62,8 @@ def _measure(args: argparse.Namespace) -> dict:
     # what pipeline_stages="auto" picks for this bucket, from the link and codec it measures (collective)
     auto = CompressedState(method="topk", base_density=args.density, min_density=args.density,
                            density_schedule="constant", dense_warmup_steps=1, dense_sync_every=0)
-    auto_stages = auto.stages_for(sizes, *[auto.plan(1, sizes)[i] for i in (0, 2)])
+    auto_plan = auto.plan(1, sizes)
+    auto_stages = auto.stages_for(sizes, auto_plan.sparse, auto_plan.caps)
 
     def bucket() -> FlatBucket:
         return FlatBucket(grad.clone(), params, sizes)
@@ -69,22 +71,21 @@ def _measure(args: argparse.Namespace) -> dict:
     def codec(s: int):
         """The hook's codec work at ``s`` chunks (encode, store residuals), sending nothing."""
         st, b = states[s], bucket()
-        sparse, ks, caps, _ = st.plan(1, sizes)
         residual = st.memory.residual(0, st.memory.keys(b), b.gradients())
-        encoded = list(encode_chunks(st, b.buffer(), residual, sizes, sparse, ks, caps, 1.0, s))
+        encoded = list(encode_chunks(st.topk, b.buffer(), residual, sizes, st.plan(1, sizes), 1.0, s))
         store_residuals([(c.marker, res, acc) for c, res, acc in encoded])
         return b, [c for c, _, _ in encoded]
 
     def exchange(s: int, b: FlatBucket, chunks: list) -> torch.futures.Future:
         """The same chunks' collectives and decode, no codec work."""
-        return finish_exchange(states[s], b, "compressed", [issue_chunk(states[s], c) for c in chunks])
+        return finish_exchange(b.buffer(), [issue_chunk(states[s].exchange_group, c) for c in chunks])
 
     def codec_beside_exchange() -> float:
         """The one-chunk codec while another bucket's collectives are on the wire (not decoded):
         what the link's CPU work (gloo's threads, the kernel's TCP and tc) takes from its core."""
         _, chunks = codec(1)
         dist.barrier()
-        futs = [f for c in chunks for f in issue_chunk(states[1], c).futs]
+        futs = [f for c in chunks for f in issue_chunk(states[1].exchange_group, c).futs]
         t0 = time.perf_counter()
         codec(1)
         elapsed = time.perf_counter() - t0

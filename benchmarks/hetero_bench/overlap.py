@@ -21,20 +21,20 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from hetero_strategy.commands.flags import count, number, rates
+from hetero_bench._ranks import worker
+from hetero_strategy.commands.flags import count, number, rate
 
 __all__ = ["add_arguments", "run", "summarise"]
 
-_WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.overlap_worker"]
+_WORKER = "overlap_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
-    parser.add_argument("--link", type=rates, default="100mbit", help="emulated link rate of both ranks")
+    parser.add_argument("--link", type=rate, default="100mbit", help="emulated link rate of both ranks")
     parser.add_argument("--mtu", type=count(576), default=None,
                         help="the emulated links' MTU (default 9000): at Linux's 1500 the kernel's per-packet "
                              "work, which a real NIC does, takes CPU from the codec beside a transfer")
@@ -84,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "overlap.json")
-        argv = [*_WORKER, "--out", path, "--rounds", str(args.rounds), "--numel", str(args.numel),
+        cmd = worker(_WORKER)
+        argv = [*cmd, "--out", path, "--rounds", str(args.rounds), "--numel", str(args.numel),
                 "--density", str(args.density), "--stages", *map(str, args.stages)]
         if args.local:
-            from hetero_strategy.benchmarks_impl.compression import _local
+            from hetero_bench.compression import _local
 
-            _local(argv[len(_WORKER):], timeout=900, worker=_WORKER)
+            _local(argv[len(cmd):], timeout=900, argv=cmd)
         else:
             from hetero_strategy.emulate import EmulatedCluster
 

@@ -4,9 +4,9 @@ One run, alternating: each round launches (on the same emulated cluster) the sol
 then each training of ``--trainings`` (default: plain Lightning ``"ddp"``, ``"hetero"`` with the
 static probe and ``"hetero"`` with online calibration from equal shares); odd rounds run them in
 reverse order, so drift in the machine's load does not favour one of them. ``--sweep`` adds fixed
-splits around the first round's static plan (:func:`~hetero_strategy.benchmarks_impl.balance_summary.sweep_splits`),
+splits around the first round's static plan (:func:`~hetero_bench.balance_summary.sweep_splits`),
 run in every round: the best of them is the best split this machine achieves. Figures are medians
-over rounds with their spread (definitions in :mod:`hetero_strategy.benchmarks_impl.balance_metrics`).
+over rounds with their spread (definitions in :mod:`hetero_bench.balance_metrics`).
 Workload: torchvision ResNet-18 (or ``--model resnet18_l3``, without layer4) on sklearn digits
 upsampled to 32x32, batch B per rank.
 
@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
-from hetero_strategy.benchmarks_impl.balance_summary import (
+from hetero_bench._ranks import run_job, worker
+from hetero_bench.balance_summary import (
     FRAMEWORKS,
     MODELS,
     TRAININGS,
@@ -48,7 +48,7 @@ from hetero_strategy.commands.flags import cluster_args, count, number, rates, s
 
 __all__ = ["add_arguments", "goals", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.balance_worker"
+_WORKER = "balance_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,14 +110,13 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     console = Console()
-    checked, spec = _check(args), cluster_args(args.compute, args.link)
-    if isinstance(checked, str) or isinstance(spec, str):
-        console.print(f"bench balance: {checked if isinstance(checked, str) else spec}", style="red", markup=False,
-                      highlight=False)
+    checked = _check(args)
+    if isinstance(checked, str):
+        console.print(f"bench balance: {checked}", style="red", markup=False, highlight=False)
         return 2
+    compute, links = cluster_args(args.compute, args.link)
     trainings, alphas = checked
     started = time.perf_counter()
-    compute, links = spec
     rounds: list[dict] = []
     splits: list[list[int]] = []
     try:
@@ -166,7 +165,7 @@ def _plan(ranks: list[dict]) -> list[int]:
 def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argparse.Namespace, out: Path,
             console: Any) -> dict[str, list[dict]]:
     """One launch of the worker running ``modes`` in turn; every mode's per-rank records."""
-    cmd = [sys.executable, "-m", _WORKER, "--mode", ",".join(modes), "--out", str(out), "--batch", str(args.batch),
+    cmd = [*worker(_WORKER), "--mode", ",".join(modes), "--out", str(out), "--batch", str(args.batch),
            "--steps", str(args.steps), "--measure", str(args.measure), "--cal-steps", str(args.cal_steps),
            "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
            "--overlap-comm", args.overlap_comm, "--framework", args.framework]
@@ -178,7 +177,7 @@ def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argpa
 
 def _round(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]],
            args: argparse.Namespace) -> dict[str, Any]:
-    from hetero_strategy.benchmarks_impl.balance_metrics import mode_figures, round_figures, solo_figures
+    from hetero_bench.balance_metrics import mode_figures, round_figures, solo_figures
 
     solo = solo_figures(raw["solo"], args.batch)
     modes = {m: mode_figures(raw[m], solo, args.measure) for m in trainings}
@@ -202,7 +201,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
     from rich.table import Table
 
-    from hetero_strategy.benchmarks_impl.balance_chart import balance_chart
+    from hetero_bench.balance_chart import balance_chart
 
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""What both of ``bench balance``'s training loops share: data, model, step clock, hetero options.
+"""What both of ``bench balance``'s training loops share: data, model, hetero options, the bare loop.
 
 Plain PyTorch: the bare-DDP loop (:mod:`.balance_fit_ddp`) must not pay for importing Lightning
 (about 12 s of CPU, 50 s for a rank held to a quarter of a core).
@@ -8,46 +8,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "hetero_options", "powersgd_state", "resnet18_32", "run_loop", "runtime_record", "test_accuracy",
+__all__ = ["bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "test_accuracy",
            "train_data"]
 
 
 def train_data(batch: int, world: int, steps: int) -> torch.utils.data.TensorDataset:
     """Digits upsampled to 32x32, repeated so one epoch covers the run (no epoch-boundary stalls)."""
-    from torch.utils.data import TensorDataset
-
-    from hetero_strategy.workloads.digits import digits_datasets
+    from hetero_strategy.workloads.digits import covering, digits_datasets
 
     train, _ = digits_datasets(size=32)
-    x, y = train.tensors
-    reps = max(1, -(-(steps + 2) * batch * world // len(y)))
-    return TensorDataset(x.repeat(reps, 1, 1, 1), y.repeat(reps))
+    return covering(train, (steps + 2) * batch * world)
 
 
-def resnet18_32(model: str = "resnet18") -> torch.nn.Module:
-    """torchvision ResNet-18 with its own stem (7x7/2 + max-pool) on 1-channel 32x32 digits.
+def bench_model(model: str = "resnet18") -> torch.nn.Module:
+    """``--model``: ResNet-18 with torchvision's stem on 32x32 digits; ``resnet18_l3`` without layer4
+    (:func:`~hetero_strategy.workloads.resnets.resnet18_imagenet_stem`)."""
+    from hetero_strategy.workloads.resnets import resnet18_imagenet_stem
 
-    NOTE: the CIFAR-style stem (3x3/1, no pool) costs 16x the FLOPs at 32x32; this is the model
-    the issue's anchor (0.33 s per step at batch 128 on one core) was measured with.
-    ``resnet18_l3`` drops layer4: at 32x32 input layer4 runs on 1x1 maps, so it holds 75% of the
-    parameters (8.4 of 11.2 M) but little of the compute. Its 2.8 M-parameter gradient makes a
-    100 Mbit link cost about 1 s a step instead of 3.6 s, so a 4-rank mixed-link run fits in minutes.
-    """
-    import torchvision
-
-    torch.manual_seed(0)
-    net = torchvision.models.resnet18(num_classes=10)
-    net.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    if model == "resnet18_l3":
-        net.layer4 = torch.nn.Identity()
-        net.fc = torch.nn.Linear(256, 10)
-    return net
+    return resnet18_imagenet_stem(without_layer4=model == "resnet18_l3")
 
 
 def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str, Any]:
@@ -82,55 +65,13 @@ def powersgd_state() -> Any:
 
 def test_accuracy(net: torch.nn.Module) -> float:
     """Accuracy on the digits test split (the same 32x32 upsampling), evaluated by each rank alone."""
-    from hetero_strategy.workloads.digits import digits_datasets
+    from hetero_strategy.workloads.digits import accuracy, digits_datasets
 
-    _, test = digits_datasets(size=32)
-    x, y = test.tensors
-    net.eval()
-    with torch.no_grad():
-        pred = torch.cat([net(x[i:i + 256]).argmax(dim=1) for i in range(0, len(y), 256)])
-    return float((pred == y).float().mean())
-
-
-class StepClock:
-    """Per training step on this rank: start time, local batch size and compute time.
-
-    Compute ends when autograd has produced the gradient of the model's first layer (the last
-    gradient of backward): DDP's all-reduce only waits after that, so the span excludes waiting
-    for peers. The same clock serves plain DDP, hetero and solo runs (a tensor hook changes none).
-    """
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.batches: list[int] = []
-        self.compute_s: list[float] = []
-        self._grad_time: float | None = None
-
-    def attach(self, module: torch.nn.Module) -> None:
-        first = next(p for p in module.parameters() if p.requires_grad)
-        first.register_hook(self._grad_ready)
-
-    def _grad_ready(self, grad: torch.Tensor) -> None:
-        self._grad_time = time.perf_counter()
-
-    def batch_start(self, n: int) -> None:
-        self.starts.append(time.perf_counter())
-        self.batches.append(int(n))
-        self._grad_time = None
-
-    def batch_end(self) -> None:
-        end = self._grad_time if self._grad_time is not None else time.perf_counter()
-        self.compute_s.append(end - self.starts[-1])
-
-    def close(self) -> None:
-        self.starts.append(time.perf_counter())  # closes the last step
-
-    def record(self, mode: str) -> dict[str, Any]:
-        return {"mode": mode, "starts": self.starts, "batches": self.batches, "compute_s": self.compute_s}
+    return accuracy(net, digits_datasets(size=32)[1])
 
 
 def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor], steps: int,
-             opt: torch.optim.Optimizer, clock: StepClock, runtime: Any = None,
+             opt: torch.optim.Optimizer, clock: Any, runtime: Any = None,
              count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> None:
     """``steps`` plain training steps, wired to the hetero runtime as its docs ask of a bare-DDP
     loop (``batch_start`` / ``backward_end`` / ``step_end``). The data must cover the run."""

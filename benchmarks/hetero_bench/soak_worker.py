@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from hetero_strategy.benchmarks_impl._ranks import gloo_job
+from hetero_bench._ranks import gloo_job
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.workloads.digits import digits_datasets

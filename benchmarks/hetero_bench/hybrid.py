@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hetero_strategy.benchmarks_impl._ranks import run_job
+from hetero_bench._ranks import run_job, worker
 from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
 
 __all__ = ["add_arguments", "run", "summarise"]
 
-_WORKER = [sys.executable, "-m", "hetero_strategy.benchmarks_impl.hybrid_worker"]
+_WORKER = "hybrid_worker"
 _BASELINES = ("sync", "sync_topk")
 
 
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         with EmulatedCluster(compute, links) as cluster, tempfile.TemporaryDirectory(prefix="hetero_hybrid_") as tmp:
-            cmd = [*_WORKER, tmp, "--modes", *args.modes, "--seeds", str(args.seeds), "--epochs", str(args.epochs),
+            cmd = [*worker(_WORKER), tmp, "--modes", *args.modes, "--seeds", str(args.seeds), "--epochs", str(args.epochs),
                    "--batch", str(args.batch), "--capacities", ",".join(f"{c:g}" for c in compute)]
             ranks = run_job(cluster, cmd, ["hybrid"], Path(tmp), args.timeout, console, "hybrid")["hybrid"]
             emulation = cluster.mode

@@ -1,10 +1,13 @@
 """Around a benchmark's ranks: the worker's side (one gloo group, rank 0 writes the JSON) and the
-driver's (launch the workers on the emulated cluster, collect every rank's JSON)."""
+driver's (the worker's command line, launch the workers on the emulated cluster, collect every
+rank's JSON)."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["gloo_job", "run_job"]
+__all__ = ["BENCHMARKS_DIR", "gloo_job", "run_job", "worker"]
+
+BENCHMARKS_DIR = str(Path(__file__).resolve().parents[1])  # the checkout's benchmarks/, above this package
+
+
+def worker(module: str) -> list[str]:
+    """The command line that starts ``hetero_bench.<module>`` in a new interpreter.
+
+    NOTE: this package is not installed, so its folder goes on this process's ``PYTHONPATH``,
+    which every process it starts inherits: the emulator's ranks, ``accelerate launch``, torchrun.
+    """
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if BENCHMARKS_DIR not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([BENCHMARKS_DIR, *paths])
+    return [sys.executable, "-m", f"hetero_bench.{module}"]
 
 
 def gloo_job(out: str, job: Callable[[], dict], timeout_s: float = 300) -> int:

@@ -11,7 +11,7 @@ Two jobs:
 
 Example (what the bench runs on each rank of a 2-rank emulated cluster)::
 
-    python -m hetero_strategy.benchmarks_impl.compression_worker steptime --out /tmp/st.json
+    PYTHONPATH=benchmarks python -m hetero_bench.compression_worker steptime --out /tmp/st.json
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetero_strategy.benchmarks_impl._ranks import gloo_job
-from hetero_strategy.benchmarks_impl.compression_e2e import converge, interface_tx_bytes
+from hetero_bench._ranks import gloo_job
+from hetero_bench.compression_e2e import converge, interface_tx_bytes
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.hooks import CompressedState, PowerSGDBaselineState, powersgd_weighted_hook, topk_hook
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook

@@ -27,8 +27,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from hetero_strategy.benchmarks_impl._ranks import gloo_job
-from hetero_strategy.benchmarks_impl.compression_e2e import make_cnn
+from hetero_bench._ranks import gloo_job
+from hetero_bench.compression_e2e import make_cnn
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.workloads.digits import digits_datasets

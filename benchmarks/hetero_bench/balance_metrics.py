@@ -1,15 +1,14 @@
 """Figures of the balance benchmark from the per-rank JSON the workers wrote (pure functions).
 
-Definitions (issue 3):
+Step time, balance, ideal and fast-rank idle are those of :mod:`hetero_strategy.runtime.metrics`
+(definitions there). Here:
 
-* r_i: rank i's solo samples/s (same training loop, one process, no communication).
-* t_ar: a bare all-reduce of the model's gradient.
-* ideal = G / (G / sum_i r_i + t_ar): a perfectly balanced step that hides no communication.
-* fast-rank idle = share of the fast rank's step spent waiting beyond its compute and t_ar:
-  max(0, T - c_fast - t_ar) / T, with c_fast the fast rank's compute time measured in the run
-  (step start to its last gradient; on CPU this includes the cost of the overlapped all-reduce
-  work on the rank's one core). The solo-speed estimate c_fast = b_fast / r_fast is kept too.
-* balance = 1 - (max_r c_r - min_r c_r) / max_r c_r over per-rank compute times c_r.
+* r_i: rank i's solo samples/s (same training loop, one process, no communication); t_ar: a bare
+  all-reduce of the model's gradient (slowest rank's median).
+* compute times c_r are measured in the run (step start to its last gradient; on CPU this
+  includes the cost of the overlapped all-reduce work on the rank's one core), or, where a run
+  did not measure them, estimated from the solo speeds as b_r / r_r.
+* ``fast_rank_idle_fraction_solo_estimate``: the same idle with the estimated c_r.
 """
 
 from __future__ import annotations
@@ -18,16 +17,13 @@ import itertools
 import statistics
 from typing import Any
 
-__all__ = ["median_step", "mode_figures", "round_figures", "solo_figures"]
+from hetero_strategy.runtime.metrics import balance, fast_rank_idle, ideal_samples_per_s, median_step
+
+__all__ = ["mode_figures", "round_figures", "solo_figures"]
 
 
 def _diffs(starts: list[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(starts)]
-
-
-def median_step(starts: list[float], measure: int) -> float:
-    """Median time from one step's start to the next over the last ``measure`` steps."""
-    return statistics.median(_diffs(starts)[-measure:])
 
 
 def solo_figures(ranks: list[dict], batch: int, skip: int = 3) -> dict[str, Any]:
@@ -38,27 +34,26 @@ def solo_figures(ranks: list[dict], batch: int, skip: int = 3) -> dict[str, Any]
 
 def mode_figures(ranks: list[dict], solo: dict[str, Any], measure: int) -> dict[str, Any]:
     """Throughput, sizes, fast-rank idle and balance over the last ``measure`` steps of one mode."""
-    speeds, t_ar = solo["solo_samples_per_s"], solo["t_ar_s"]
+    speeds = solo["solo_samples_per_s"]
     step = median_step(ranks[0]["starts"], measure)
     sizes = [int(statistics.median(r["batches"][-measure:])) for r in ranks]
     g = sum(sizes)
-    fast = max(range(len(speeds)), key=lambda k: speeds[k])
     estimate = [b / s for b, s in zip(sizes, speeds)]  # compute time predicted by the solo speeds
     if all("compute_s" in r for r in ranks):  # measured in the run (waiting for peers excluded)
         compute = [statistics.median(r["compute_s"][-measure:]) for r in ranks]
     else:
         compute = estimate
     out = {"samples_per_s": g / step, "step_s": step, "batch_sizes": sizes,
-           "fast_rank_idle_fraction": max(0.0, step - compute[fast] - t_ar) / step,
-           "fast_rank_idle_fraction_solo_estimate": max(0.0, step - estimate[fast] - t_ar) / step,
-           "compute_s": compute, "balance": 1.0 - (max(compute) - min(compute)) / max(compute)}
+           "fast_rank_idle_fraction": fast_rank_idle(step, compute, sizes),
+           "fast_rank_idle_fraction_solo_estimate": fast_rank_idle(step, estimate, sizes),
+           "compute_s": compute, "balance": balance(compute)}
     if "decisions" in ranks[0]:
         out["decisions"] = ranks[0]["decisions"]
     return out
 
 
 def round_figures(solo: dict[str, Any], modes: dict[str, dict[str, Any]], global_batch: int) -> dict[str, Any]:
-    ideal = global_batch / (global_batch / sum(solo["solo_samples_per_s"]) + solo["t_ar_s"])
+    ideal = ideal_samples_per_s(global_batch, solo["solo_samples_per_s"], solo["t_ar_s"])
     out = dict(solo, ideal_samples_per_s=ideal)
     for name, m in modes.items():
         out[f"{name}_samples_per_s"] = m["samples_per_s"]

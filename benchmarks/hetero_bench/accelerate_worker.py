@@ -1,6 +1,6 @@
 """One timed training run for ``hetero-strategy bench accelerate``, started by ``accelerate launch``.
 
-    accelerate launch ... -m hetero_strategy.benchmarks_impl.accelerate_worker MODE MODEL STEPS BATCH OUT.json
+    PYTHONPATH=benchmarks accelerate launch ... -m hetero_bench.accelerate_worker MODE MODEL STEPS BATCH OUT.json
 
 MODE ``plain`` is Accelerate's own DDP (each rank batch B); ``hetero`` is the same loop through
 ``HeteroPlugin(batch_sizes=[B] * world)``: equal shares, so any difference is the plugin's cost
@@ -23,9 +23,9 @@ __all__ = ["main"]
 
 def _model(name: str) -> nn.Module:
     if name == "resnet18":
-        from hetero_strategy.workloads.digits import small_resnet
+        from hetero_strategy.workloads.resnets import resnet_cifar_stem
 
-        return small_resnet("resnet18")
+        return resnet_cifar_stem("resnet18")
     # a small MLP: per-step framework overhead weighs most where the compute is smallest
     return nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 256), nn.ReLU(), nn.Linear(256, 10))
 

@@ -24,12 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench._ranks import worker
 from hetero_strategy.commands.flags import choices_list, count, number
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
 
-_WORKER = "hetero_strategy.benchmarks_impl.accelerate_worker"
+_WORKER = "accelerate_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +51,7 @@ def _launch(mode: str, model: str, args: argparse.Namespace, out: Path) -> list[
     accelerate = Path(sys.executable).parent / "accelerate"
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-           "-m", _WORKER, mode, model, str(args.steps), str(args.batch), str(out)]
+           *worker(_WORKER)[1:], mode, model, str(args.steps), str(args.batch), str(out)]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509

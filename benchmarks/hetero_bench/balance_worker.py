@@ -7,7 +7,7 @@ bare-DDP loop several in turn in one launch, sharing its process group):
   communication; all ranks run at once, each on its own quota, as in training), then the bare
   all-reduce of a tensor the size of the model's gradient over gloo (t_ar).
 * ``ddp`` / ``hetero`` / ``hetero_cal`` / ``hetero_auto`` — ``strategy="ddp"``, the static probe,
-  calibration from equal shares, or the probe then calibration (what ``make demo`` runs).
+  calibration from equal shares, or the probe then calibration (as ``make demo`` does).
 * ``split`` — ``batch_sizes=--sizes``: one fixed split of the benchmark's sweep.
 * ``ddp_powersgd`` — DDP with PyTorch's own ``powerSGD_hook`` (equal batches).
 * ``hetero_tiered`` — hetero with ``compression="tiered"`` and the static probe.
@@ -18,7 +18,7 @@ framework. Every rank records the start time of each step, its batch size and it
 
 Example::
 
-    python -m hetero_strategy.benchmarks_impl.balance_worker --mode ddp --steps 30 --out /tmp/ddp
+    PYTHONPATH=benchmarks python -m hetero_bench.balance_worker --mode ddp --steps 30 --out /tmp/ddp
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from hetero_strategy.benchmarks_impl.balance_summary import FRAMEWORKS, MODELS, TRAININGS
-from hetero_strategy.benchmarks_impl.balance_workload import resnet18_32
+from hetero_bench.balance_summary import FRAMEWORKS, MODELS, TRAININGS
+from hetero_bench.balance_workload import bench_model
 
 __all__ = ["MODES", "main"]
 
@@ -45,7 +45,7 @@ _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 
 def _fit(mode: str, args: argparse.Namespace, world: int) -> dict:
-    loop = importlib.import_module(f"hetero_strategy.benchmarks_impl.balance_fit_{args.framework}")
+    loop = importlib.import_module(f"hetero_bench.balance_fit_{args.framework}")
     steps = {"solo": args.solo_steps, "hetero_cal": args.cal_steps, "hetero_auto": args.cal_steps}
     return loop.fit(mode, args, world, steps.get(mode, args.steps))
 
@@ -62,7 +62,7 @@ def _solo(args: argparse.Namespace) -> dict:
         os.environ.update(saved)
     # solo runs first: its group is then kept for the launch's next modes (main() destroys it)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    grad = torch.zeros(sum(p.numel() for p in resnet18_32(args.model).parameters()))  # (P,) the whole gradient
+    grad = torch.zeros(sum(p.numel() for p in bench_model(args.model).parameters()))  # (P,) the whole gradient
     ar = []
     for i in range(args.ar_reps + 1):
         dist.barrier()
