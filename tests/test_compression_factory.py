@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hetero_bench.flat_bucket import FlatBucket
 
 from hetero_strategy.config import COMPRESSION_METHODS, HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
-from hetero_strategy.hooks.flat_bucket import FlatBucket
 
 
 def _bucket(params: list[torch.Tensor], values: list[torch.Tensor]) -> FlatBucket:

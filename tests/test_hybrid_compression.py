@@ -6,48 +6,30 @@ from __future__ import annotations
 import math
 
 import torch
-from dist_utils import init_gloo, run_distributed
-from hybrid_steps import regression_step
-from oracle import make_net
-from torch import nn
-
-from hetero_strategy.config import HeteroConfig
+from dist_utils import run_distributed
+from hybrid_steps import flat_params, regression_step, sparse_hybrid_rank
 
 DENSITY, SYNCS, BATCH = 0.2, 3, (3, 5)
 
 
-def _flat(net: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
-
-
 def _sparse(rank: int, world: int) -> dict:
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from hetero_strategy.runtime import HeteroRuntime
-
-    init_gloo(rank, world)
-    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], plateau_evals=1,
-                                 delta_density=DENSITY)
-    runtime = HeteroRuntime(cfg, rank, world)
-    net = make_net()
-    ddp = DistributedDataParallel(net)
-    runtime.register_hook(ddp)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    runtime, net, ddp, opt = sparse_hybrid_rank(rank, world, DENSITY)
     g = torch.Generator().manual_seed(rank)
-    syncs = [{"after": _flat(net)}]
+    syncs = [{"after": flat_params(net)}]
     while runtime.checkpoint_step() < SYNCS:
         x = torch.randn(BATCH[rank], 5, generator=g)
         regression_step(runtime, ddp, opt, x)
-        before = _flat(net)
+        before = flat_params(net)
         runtime.step_end(samples=len(x))
         if runtime.synced:
             controller = runtime.hybrid.controller
-            syncs.append({"before": before, "after": _flat(net), "bytes": controller.exchange.bytes_sent,
+            syncs.append({"before": before, "after": flat_params(net), "bytes": controller.exchange.bytes_sent,
                           **controller.last})
         dist.barrier()  # equal speeds made exact: both ranks reach H = 2 in every period
     assert not runtime.evaluated(1.0) and runtime.evaluated(1.0)  # a flat loss: the synchronous phase
-    return {"syncs": syncs, "synchronous": _flat(net)}
+    return {"syncs": syncs, "synchronous": flat_params(net)}
 
 
 def test_topk_deltas_with_error_feedback_match_a_hand_simulation():

@@ -13,11 +13,7 @@ import math
 
 import torch
 from dist_utils import init_gloo, run_distributed
-from hybrid_steps import regression_step
-from oracle import make_net
-from torch import nn
-
-from hetero_strategy.config import HeteroConfig
+from hybrid_steps import flat_params, regression_step, sparse_hybrid_rank
 
 NUMEL, DENSITY = 40, 0.2
 K = math.ceil(DENSITY * NUMEL)  # 8 of 40 per rank: density x world size < 1, so sparse
@@ -74,38 +70,24 @@ def test_a_nonfinite_delta_comes_back_nan_everywhere_and_its_rank_keeps_its_resi
 SYNCS, BATCH = 3, (3, 5)
 
 
-def _flat(net: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
-
-
 def _diverging(rank: int, world: int) -> dict:
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from hetero_strategy.runtime import HeteroRuntime
-
-    init_gloo(rank, world)
-    cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], plateau_evals=1,
-                                 delta_density=DENSITY)
-    runtime = HeteroRuntime(cfg, rank, world)
-    net = make_net()
-    ddp = DistributedDataParallel(net)
-    runtime.register_hook(ddp)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    runtime, net, ddp, opt = sparse_hybrid_rank(rank, world, DENSITY)
     g = torch.Generator().manual_seed(rank)
-    syncs = [{"after": _flat(net)}]
+    syncs = [{"after": flat_params(net)}]
     while runtime.checkpoint_step() < SYNCS:
         regression_step(runtime, ddp, opt, torch.randn(BATCH[rank], 5, generator=g))
         controller = runtime.hybrid.controller
         if rank == 1 and controller.syncs == 1 and controller.count == 0:  # inside the second period
             with torch.no_grad():
                 net[0].weight.fill_(float("nan"))
-        before = _flat(net)
+        before = flat_params(net)
         dist.barrier()  # lockstep: both ranks reach H = 2 in every period
         runtime.step_end(samples=BATCH[rank])
         if runtime.synced:
             residual = controller.exchange.state_dict()["residual"]
-            syncs.append({"before": before, "after": _flat(net), "residual": residual.clone(), **controller.last})
+            syncs.append({"before": before, "after": flat_params(net), "residual": residual.clone(), **controller.last})
     return {"syncs": syncs}
 
 

@@ -44,7 +44,7 @@ from hetero_bench.balance_summary import (
     summarise,
     sweep_splits,
 )
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
 
 __all__ = ["add_arguments", "goals", "run"]
 
@@ -54,8 +54,7 @@ _WORKER = "balance_worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/balance.json", help="result JSON (PNG beside it)")
     parser.add_argument("--png", default=None, help="chart path (default: the JSON path with .png)")
-    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit: compute dominates)")
+    add_cluster_flags(parser, link_why=": compute dominates")
     parser.add_argument("--batch", type=count(1), default=64, help="mean per-rank batch B (default 64)")
     parser.add_argument("--model", choices=MODELS, default="resnet18", help="workload model (default resnet18)")
     parser.add_argument("--framework", choices=FRAMEWORKS, default="lightning",

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from hetero_bench._ranks import run_job, worker
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
 
 __all__ = ["add_arguments", "run", "summarise"]
 
@@ -38,8 +38,7 @@ _BASELINES = ("sync", "sync_topk")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/hybrid.json", help="result JSON (a PNG beside it)")
-    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", type=rates, default="100mbit", help="per-rank link rate (default 100mbit)")
+    add_cluster_flags(parser, link="100mbit")
     parser.add_argument("--seeds", type=count(1), default=3, help="seeds per mode (default 3)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs per run (default 10)")
     parser.add_argument("--batch", type=count(1), default=32, help="mean samples per rank per step (default 32)")

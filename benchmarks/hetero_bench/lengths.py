@@ -26,7 +26,7 @@ from typing import Any
 
 from hetero_bench._ranks import run_job, worker
 from hetero_bench.balance_summary import spread
-from hetero_strategy.commands.flags import cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
 from hetero_strategy.runtime.metrics import balance, median_step
 
 __all__ = ["add_arguments", "figures", "run"]
@@ -37,8 +37,7 @@ _TRAININGS = ("ddp", "count", "cost")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/lengths.json", help="result JSON")
-    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit)")
+    add_cluster_flags(parser)
     parser.add_argument("--batch", type=count(1), default=32, help="mean samples per rank per step (default 32)")
     parser.add_argument("--steps", type=count(2), default=40, help="training steps per run (default 40)")
     parser.add_argument("--measure", type=count(1), default=30, help="figures use the last N steps (default 30)")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from hetero_bench._ranks import run_job, worker
-from hetero_strategy.commands.flags import cluster_args, count, number, rate, rates, shares
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, rate
 
 __all__ = ["add_arguments", "phases", "run"]
 
@@ -32,8 +32,7 @@ _SETTLE = 10  # steps after each link change left out of the figures (the step i
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/soak.json", help="result JSON")
-    parser.add_argument("--compute", type=shares, default="1.0,0.5", help="per-rank CPU share (default 1.0,0.5)")
-    parser.add_argument("--link", type=rates, default="1gbit", help="per-rank link rate (default 1gbit)")
+    add_cluster_flags(parser, compute="1.0,0.5", link="1gbit")
     parser.add_argument("--flap", type=rate, default="50mbit", help="the last rank's link during the flap (default 50mbit)")
     parser.add_argument("--steps", type=count(30), default=300, help="training steps (default 300)")
     parser.add_argument("--flap-at", type=count(1), default=100, help="step the link drops at (default 100)")

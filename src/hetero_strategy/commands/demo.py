@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.commands.flags import UsageError, cluster_args, count, number, rates, shares
+from hetero_strategy.commands.flags import UsageError, add_cluster_flags, cluster_args, count, number
 
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
@@ -39,8 +39,7 @@ _MODES = {"ddp": "plain DDP", "hetero_auto": "hetero"}  # hetero: probe, then on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compute", type=shares, default="1.0,0.57", help="per-rank CPU share (default 1.0,0.57)")
-    parser.add_argument("--link", type=rates, default="10gbit", help="per-rank link rate (default 10gbit)")
+    add_cluster_flags(parser)
     parser.add_argument("--batch", type=count(1), default=128, help="mean per-rank batch B (default 128)")
     parser.add_argument("--steps", type=count(2), default=60, help="training steps per run (default 60)")
     parser.add_argument("--measure", type=count(1), default=12, help="figures use the last N steps (default 12)")

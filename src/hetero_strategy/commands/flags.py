@@ -20,11 +20,19 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["UsageError", "choices_list", "cluster_args", "cluster_spec", "count", "number", "rate", "rates", "shares"]
+__all__ = ["UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number", "rate", "rates", "shares"]
 
 
 class UsageError(ValueError):
     """Command-line values that do not fit together: the message names the flags, values and fix."""
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser, compute: str = "1.0,0.57", link: str = "10gbit",
+                      link_why: str = "") -> None:
+    """``--compute`` (per-rank CPU shares) and ``--link`` (per-rank link rates) of an emulated
+    cluster, with their defaults; :func:`cluster_args` checks the two together."""
+    parser.add_argument("--compute", type=shares, default=compute, help=f"per-rank CPU share (default {compute})")
+    parser.add_argument("--link", type=rates, default=link, help=f"per-rank link rate (default {link}{link_why})")
 
 
 def _bad(text: str, fix: str) -> argparse.ArgumentTypeError:
