@@ -22,7 +22,7 @@ def flat_params(net: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
 
 
-def sparse_hybrid_rank(rank: int, world: int, density: float):
+def sparse_hybrid_rank(rank: int, world: int, density: float, codec: str = "topk"):
     """(runtime, net, ddp, optimizer) of one gloo rank in mode="hybrid" with Top-K deltas: periods
     of 2 local steps, then synchronous steps after one plateau evaluation (tests/oracle.make_net)."""
     from dist_utils import init_gloo
@@ -34,7 +34,7 @@ def sparse_hybrid_rank(rank: int, world: int, density: float):
 
     init_gloo(rank, world)
     cfg = HeteroConfig.from_flat(mode="hybrid", periods=[2, 1], plateau_thresholds=[0.05], plateau_evals=1,
-                                 delta_density=density)
+                                 delta_density=density, delta_codec=codec)
     runtime = HeteroRuntime(cfg, rank, world)
     net = make_net()
     ddp = DistributedDataParallel(net)

@@ -152,7 +152,7 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _dense_equal_worker(rank: int, world: int) -> None:
     init_gloo(rank, world)
-    for method in ("topk", "fp16", "bf16", "powersgd"):
+    for method in ("topk", "topk_allreduce", "fp16", "bf16", "powersgd"):
         _dense_equal(rank, world, method)
 
 
@@ -164,8 +164,8 @@ def _dense_equal(rank: int, world: int, method: str) -> None:
     if method == "powersgd":
         state = PowerSGDBaselineState(rank=2, start_iter=10)
         model.register_comm_hook(state, powersgd_weighted_hook)
-    elif method == "topk":
-        state = CompressedState(method="topk", dense_fallback=False, base_density=1.0, min_density=1.0, dense_warmup_steps=1,
+    elif method in ("topk", "topk_allreduce"):
+        state = CompressedState(method=method, dense_fallback=False, base_density=1.0, min_density=1.0, dense_warmup_steps=1,
                                 dense_sync_every=0)
         model.register_comm_hook(state, topk_hook)
     else:
@@ -189,7 +189,7 @@ def _dense_equal(rank: int, world: int, method: str) -> None:
             nn.functional.mse_loss(local(x[r_lo:r_lo + sizes[r]]), y[r_lo:r_lo + sizes[r]]).backward()
             for p, q in zip(ref.parameters(), local.parameters()):
                 p.grad += q.grad * sizes[r] / 8
-        exact = method in ("topk", "powersgd")
+        exact = method in ("topk", "topk_allreduce", "powersgd")
         tol = dict(rtol=1e-5, atol=1e-6) if exact else dict(rtol=2e-2, atol=1e-3)
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **tol, msg=f"{method} step {step}")

@@ -130,7 +130,7 @@ def _ratios(methods: dict, fast: dict) -> dict:
     if "topk" in methods:
         out["topk_speedup_vs_dense"] = d["step_time_s"] / methods["topk"]["step_time_s"]
         out["topk_speedup_vs_fp16"] = methods["fp16"]["step_time_s"] / methods["topk"]["step_time_s"]
-    for name in ("topk", "tiered"):
+    for name in ("topk", "topk_allreduce", "tiered"):
         if name not in methods:
             continue
         # per round: the methods alternate step by step, so each round's ratio shares its moment
@@ -157,7 +157,7 @@ def _chart(methods: dict, path: Path) -> None:
               ("time_to_target_s", "time to target accuracy (s)")]
     for ax, (key, title) in zip(axes, panels):
         vals = [(methods[n][key] or 0) / (1e6 if key == "bytes_per_step" else 1) for n in names]
-        ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#2a6", "#6c6"][: len(names)])
+        ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#a4c", "#2a6", "#6c6"][: len(names)])
         ax.set_title(title + " (log)", fontsize=10)
         ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=30, labelsize=8)

@@ -35,7 +35,7 @@ from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allredu
 
 __all__ = ["METHODS", "main", "make_hook"]
 
-METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "tiered")
+METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "topk_allreduce", "tiered")
 
 
 class _Counter(WeightedReduceState):
@@ -76,8 +76,8 @@ def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[st
     fields: dict = {"dense_fallback": fallback}
     if warmup is not None:
         fields["dense_warmup_steps"] = warmup
-    if method == "topk":
-        cfg = CompressionConfig(method="topk", base_density=0.01, density_schedule="constant", **fields)
+    if method in ("topk", "topk_allreduce"):
+        cfg = CompressionConfig(method=method, base_density=0.01, density_schedule="constant", **fields)
         return CompressedState(cfg, max_steps=steps), topk_hook, 25
     if base_density is not None:
         fields.update(base_density=base_density, min_density=min(0.001, base_density))

@@ -27,9 +27,10 @@ HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch spl
 
 __all__ = ["CHECKOUT", "HELP", "MODES", "NAME", "NOT_IN_CHECKOUT", "add_arguments", "benchmarks_dir", "run"]
 
-# sub-mode -> one-line help; the module is hetero_bench.<sub-mode> under the checkout's benchmarks/
+# sub-mode -> one-line help; the module is hetero_bench.<sub-mode, - as _> under the checkout's benchmarks/
 MODES = {
     "compression": "dense fp32 vs fp16 vs PowerSGD vs Top-K vs tiered: step time, bytes, convergence",
+    "compression-scaling": "bytes per rank per step of each codec at W = 2, 4, 8 (measured) and up to 1024 (model)",
     "balance": "capacity-sized batches vs plain DDP on an emulated heterogeneous cluster",
     "accelerate": "HeteroPlugin (equal shares) vs plain Accelerate DDP: the plugin's per-step overhead",
     "overlap": "pipelined Top-K: the codec against the exchange, overlap efficiency per stage count",
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for mode, help_text in MODES.items():
         p = sub.add_parser(mode, help=help_text, description=help_text)
         try:
-            module = importlib.import_module(f"hetero_bench.{mode}")
+            module = importlib.import_module(f"hetero_bench.{mode.replace('-', '_')}")
         except ImportError as e:  # NOTE: e.g. without the recipes extra; keep --help and the other modes working
             p.set_defaults(_bench_error=f"bench {mode} is not available: {e}")
             continue

@@ -8,10 +8,13 @@ from typing import Any
 
 from hetero_strategy.config.errors import _fail
 
-__all__ = ["COMPRESSION_METHODS", "TIERS", "CompressionConfig"]
+__all__ = ["COMPRESSION_METHODS", "TIERS", "TIER_CODECS", "CompressionConfig"]
 
 TIERS = ("nvlink", "ib", "eth10g", "eth1g")
-COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powersgd")
+COMPRESSION_METHODS = ("none", "topk", "topk_allreduce", "tiered", "onebit", "fp16", "bf16", "powersgd")
+_TOPK = ("topk", "topk_allreduce", "tiered")  # the methods of the Top-K exchange
+# what one tier's exchange may run (tier_overrides.<tier>.codec): the slowest tier's decides
+TIER_CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd", "onebit")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -19,7 +22,9 @@ class CompressionConfig:
     """Gradient compression in the DDP comm hook (docs/design.md semantics 6-8); see docs/compression.md."""
 
     method: str = "none"
-    """One of none, topk, tiered, onebit, fp16, bf16, powersgd."""
+    """One of none, topk, topk_allreduce, tiered, onebit, fp16, bf16, powersgd. topk_allreduce sends
+    every rank's values at one agreed index set, summed by one all-reduce: its bytes per rank do
+    not grow with the world size (topk's all-gather does)."""
     base_density: float = 0.05
     """Fraction of gradient entries sent at the start of the cosine schedule (times the tier's factor)."""
     min_density: float | None = None
@@ -33,7 +38,9 @@ class CompressionConfig:
     neither tiers, tier nor HETERO_TIER name one."""
     tier_overrides: dict[str, dict[str, Any]] | None = None
     """Per-tier changes of the defaults, e.g. {"eth1g": {"tier_factor": 0.05, "exchange_every": 2,
-    "gamma": 0.9}}; tier_factor None makes a tier dense."""
+    "gamma": 0.9}}; tier_factor None makes a tier dense. {"eth1g": {"codec": "powersgd", "rank": 4}}
+    gives a tier its own codec (dense, fp16, bf16, topk, topk_allreduce, powersgd, onebit): one
+    exchange runs the codec of its slowest tier on every rank."""
     dense_warmup_steps: int = 10
     """Dense (uncompressed) steps before the sparse schedule starts; at least 1, because DDP rebuilds
     its buckets after the first step and the hook learns the gradient layout there."""
@@ -118,14 +125,14 @@ class CompressionConfig:
         if self.pipeline_stages != "auto" and (isinstance(self.pipeline_stages, bool) or not isinstance(
                 self.pipeline_stages, int) or not 1 <= self.pipeline_stages <= 8):
             _fail("pipeline_stages", self.pipeline_stages, "use auto or an integer from 1 (no pipelining) to 8")
-        if self.pipeline_stages != "auto" and self.method not in ("topk", "tiered"):
-            _fail("pipeline_stages", self.pipeline_stages, f"stages chunk the Top-K exchange of topk or tiered, "
+        if self.pipeline_stages != "auto" and self.method not in _TOPK:
+            _fail("pipeline_stages", self.pipeline_stages, f"stages chunk the Top-K exchange of {', '.join(_TOPK)}, "
                   f"not compression={self.method!r}; drop pipeline_stages")
         if not isinstance(self.side_streams, bool):
             _fail("side_streams", self.side_streams, "must be true or false")
-        if self.side_streams and self.method not in ("topk", "tiered", "onebit"):
+        if self.side_streams and self.method not in (*_TOPK, "onebit"):
             _fail("side_streams", self.side_streams,
-                  f"side streams run the codec of topk, tiered or onebit, not compression={self.method!r}")
+                  f"side streams run the codec of {', '.join(_TOPK)} or onebit, not compression={self.method!r}")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
         if not isinstance(self.overlap_comm, bool):
             _fail("overlap_comm", self.overlap_comm, "must be true or false")
@@ -134,8 +141,8 @@ class CompressionConfig:
                   f"deferring communication is only offered for compression='none', not {self.method!r}")
         if not isinstance(self.hierarchical, bool):
             _fail("hierarchical", self.hierarchical, "must be true or false")
-        if self.hierarchical and self.method not in ("topk", "tiered"):
-            _fail("hierarchical", self.hierarchical, "works with compression='topk' or 'tiered' only")
+        if self.hierarchical and self.method not in _TOPK:
+            _fail("hierarchical", self.hierarchical, f"works with compression={' or '.join(map(repr, _TOPK))} only")
         self._check_fast_groups()
 
     @property
@@ -185,5 +192,12 @@ class CompressionConfig:
                 elif key == "gamma":
                     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
                         _fail(where, v, "must lie in (0, 1]")
+                elif key == "codec":
+                    if v not in TIER_CODECS:
+                        _fail(where, v, f"choose one of {', '.join(TIER_CODECS)}")
+                    if self.method != "tiered":
+                        _fail(where, v, f"a tier's codec applies to compression='tiered', not {self.method!r}")
+                elif key == "rank":
+                    self._check_int(where, v, 1, "PowerSGD's approximation rank, e.g. 4")
                 else:
-                    _fail(where, v, "unknown key; use tier_factor, exchange_every or gamma")
+                    _fail(where, v, "unknown key; use tier_factor, exchange_every, gamma, codec or rank")

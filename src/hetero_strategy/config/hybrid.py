@@ -44,6 +44,10 @@ class HybridConfig:
     delta_density: float | None = None
     """Fraction of the model delta each rank sends at a sync (Top-K with error feedback: the rest
     is sent at later syncs); None sends it whole in fp32. Dense whenever density x world size >= 1."""
+    delta_codec: str = "topk"
+    """How a sparse delta is exchanged: topk (each rank's own top entries, all-gathered) or
+    topk_allreduce (one index set every rank shares, one all-reduce; bytes do not grow with the
+    world size, and it stays sparse up to density 2/3 whatever the world size)."""
 
     def __post_init__(self) -> None:
         if self.mode not in HYBRID_MODES:
@@ -62,6 +66,8 @@ class HybridConfig:
             _fail("local_clip_norm", self.local_clip_norm, "give a norm > 0 (default 5.0), or None for no clipping")
         if self.delta_density is not None and (not _number(self.delta_density) or not 0 < self.delta_density <= 1):
             _fail("delta_density", self.delta_density, "give a fraction in (0, 1] (e.g. 0.01), or None for dense deltas")
+        if self.delta_codec not in ("topk", "topk_allreduce"):
+            _fail("delta_codec", self.delta_codec, "choose topk or topk_allreduce")
 
 
 def _check_periods(periods: Any) -> None:

@@ -40,12 +40,12 @@ import torch.distributed as dist
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.dist import device_for
 from hetero_strategy.hooks import communicator as comm
-from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
+from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost, wire_entries
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
-from hetero_strategy.hooks.tiers import TierPolicy, exchange_policies
+from hetero_strategy.hooks.tiers import TierPolicy, exchange_codec, exchange_policies
 from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState
 from hetero_strategy.hooks.weighted import WeightedReduceState
 
@@ -71,7 +71,7 @@ class CompressedState(WeightedReduceState):
 
     __slots__ = [  # grouped by role, as in PyTorch's hook states
         # hyper-parameters
-        "config", "schedule", "policies", "tiers", "rank", "world", "exchange_group", "hier", "_period_source",
+        "config", "schedule", "policies", "tiers", "codec", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
         "cost", "memory", "topk", "dirty", "streams", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
         "_acc_fallback",
@@ -88,9 +88,10 @@ class CompressedState(WeightedReduceState):
             config = CompressionConfig(**fields)
         elif fields:
             raise TypeError("pass either config or keyword fields, not both")
-        if config.method not in ("topk", "tiered", "onebit"):
-            raise ValueError(f"compression={config.method!r} is invalid for CompressedState: use topk, tiered "
-                             "or onebit (fp16/bf16/powersgd have their own states, see build_comm_hook)")
+        if config.method not in ("topk", "topk_allreduce", "tiered", "onebit"):
+            raise ValueError(f"compression={config.method!r} is invalid for CompressedState: use topk, "
+                             "topk_allreduce, tiered or onebit (fp16/bf16/powersgd have their own states, "
+                             "see build_comm_hook)")
         self.config = config
         self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
         self.world = comm.world_size(process_group)
@@ -113,12 +114,14 @@ class CompressedState(WeightedReduceState):
                                                           None if self.hier is None else self.hier.groups)
         else:
             self.tiers, self.policies = None, [TierPolicy(1.0, 1, config.ef_gamma)] * self.world
+        self.codec = exchange_codec(config.method, self.tiers, self.policies)[0]  # the exchange's, on every rank
         if self.hier is not None and not self.hier.is_leader:  # never compresses: its group's leader does
             self.tiers, self.policies = None, [TierPolicy(None, 1, 1.0)] * self.world
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
         # the Top-K exchange over the (leaders') exchange group, on the same residuals
-        self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory)
+        self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory,
+                              shared_indices=self.codec == "topk_allreduce")
         self.streams = SideStreams(enabled=config.side_streams)
         # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
         # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
@@ -128,10 +131,8 @@ class CompressedState(WeightedReduceState):
         self.total_numel: int | None = None
         self._numel_seen = 0
         self._reset_step_stats()
-        self.density = 1.0
-        self.dense_fallback = 0.0
-        self.last_bytes_sent = self.last_bytes_received = 0
-        self.total_bytes_sent = self.total_bytes_received = 0
+        self.density, self.dense_fallback = 1.0, 0.0
+        self.last_bytes_sent = self.last_bytes_received = self.total_bytes_sent = self.total_bytes_received = 0
         self.last_modes: dict[int, str] = {}
 
     def _measure_cost(self, process_group: "dist.ProcessGroup | None") -> "CompressionCost | None":
@@ -143,7 +144,8 @@ class CompressedState(WeightedReduceState):
         cost = measure_compression_cost(process_group, device_for(process_group), cfg.compression_backend,
                                         cfg.base_density)
         big = 1 << 24
-        if dist.get_rank() == 0 and not cost.sparse_pays(big, self.schedule.k_for(big, cfg.base_density), self.world):
+        k = self.schedule.k_for(big, cfg.base_density)  # a large bucket at the base density
+        if dist.get_rank() == 0 and not cost.sparse_pays(big, k, self.world, self.codec == "topk_allreduce"):
             log.warning("compression=%r does not pay on this link (%s): gradients are sent densely "
                         "(dense_fallback=False compresses anyway)", cfg.method, cost.describe())
         return cost
@@ -193,15 +195,20 @@ class CompressedState(WeightedReduceState):
             # a dense tier has no residual to keep a skipped gradient in, so it never skips
             skip = p.tier_factor is not None and (step - self.schedule.warmup_steps) % p.exchange_every != 0
             densities.append(0.0 if skip else self.schedule.density(step, p.tier_factor))
+        shared = self.topk.agreement is not None
         mine_d, max_d = densities[self.rank], max(densities)
+        if shared:  # one k for all at shared indices: the sparsest policy's, skipping or not
+            max_d = min(self.schedule.density(step, p.tier_factor) for p in self.policies)
         sparse, mine, caps, whole = [], [], [], []
         for n in sizes:
             cap = self.schedule.k_for(n, max_d)  # k grows with density: the largest k over ranks
-            # NOTE: with a cost, sparse_pays implies cap x W < n (the codec only adds time)
-            pays = cap * self.world < n if self.cost is None else self.cost.sparse_pays(n, cap, self.world)
+            # NOTE: with a cost, sparse_pays implies a wire smaller than n (the codec only adds time)
+            pays = (wire_entries(cap, self.world, shared) < n if self.cost is None
+                    else self.cost.sparse_pays(n, cap, self.world, shared))
             sparse.append(pays)
             whole.append(not pays and self.cost is not None)
-            mine.append(n if whole[-1] else self.schedule.k_for(n, mine_d))
+            k = (cap if mine_d > 0 else 0) if shared else self.schedule.k_for(n, mine_d)
+            mine.append(n if whole[-1] else k)
             caps.append(cap if pays else n)
         return TopKPlan(sparse, mine, caps, whole)
 
@@ -214,7 +221,8 @@ class CompressedState(WeightedReduceState):
         if self.cost is None or not any(sparse):
             return 1
         t_codec = self.cost.codec_s_per_entry * sum(sizes)
-        wire = sum(c * self.world if s else c for c, s in zip(caps, sparse))  # entries, as in sparse_pays
+        shared = self.topk.agreement is not None
+        wire = sum(wire_entries(c, self.world, shared) if s else c for c, s in zip(caps, sparse))  # as in sparse_pays
         t_comm = 4.0 * wire / self.cost.link_bytes_per_s
         return min(8, max(1, math.ceil(t_codec / max(t_comm, 1e-12)) + 1))
 
@@ -228,6 +236,8 @@ class CompressedState(WeightedReduceState):
         out = super().state_dict()
         out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers, dirty=sorted(self.dirty),
                    total_bytes_sent=self.total_bytes_sent, total_bytes_received=self.total_bytes_received)
+        if self.topk.agreement is not None:  # the agreed index sets: a resume sends where it would have
+            out["shared_indices"] = self.topk.agreement.state_dict()
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -237,6 +247,8 @@ class CompressedState(WeightedReduceState):
         self.total_numel = state.get("total_numel")
         self.total_bytes_sent = int(state.get("total_bytes_sent", 0))
         self.total_bytes_received = int(state.get("total_bytes_received", 0))
+        if self.topk.agreement is not None:
+            self.topk.agreement.load_state_dict(state.get("shared_indices", {}))
 
     # ---- what the hooks do to a bucket and count of it ------------------------------------------
     def scale_bucket(self, bucket: dist.GradBucket, clip: bool) -> None:

@@ -8,6 +8,10 @@ per rank moves as much per link as an all-reduce of ``p W / 2``). Top-K pays whe
 
     codec_s_per_entry * n + 4 * cap * W / B  <  4 * n / B
 
+With indices shared by every rank (``topk_allreduce``) the sparse wire is one all-reduce of
+``cap`` values and one broadcast of ``cap`` indices, ``1.5 cap`` in place of ``cap W``
+(:func:`wire_entries`).
+
 On a fast link (NVLink, loopback, a fast NIC next to a slow CPU) the codec alone is slower than
 sending the entries, and the hook sends the parameter densely instead: asking for compression
 where it does not pay costs nothing. Both figures are measured once, when the hook state is built,
@@ -31,9 +35,21 @@ from hetero_strategy.dist import measure_bandwidth_gbps
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
 
-__all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
+__all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost",
+           "wire_entries"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
+
+
+def wire_entries(capacity: int, world: int, shared: bool = False) -> float:
+    """A sparse exchange's size in dense-all-reduce entries (the same time at the same bandwidth).
+
+    An all-gather of ``capacity`` values + indices per rank moves as much per link as an
+    all-reduce of ``capacity * world`` entries; with shared indices, the all-reduce of ``capacity``
+    values plus the broadcast of ``capacity`` indices (half an all-reduce's traffic) is
+    ``1.5 * capacity``, whatever the world size.
+    """
+    return 1.5 * capacity if shared else float(capacity * world)
 
 
 @dataclass(frozen=True)
@@ -45,10 +61,11 @@ class CompressionCost:
     codec_s_per_entry: float
     """Seconds the compressing hook spends per bucket entry beyond a dense all-reduce."""
 
-    def sparse_pays(self, numel: int, capacity: int, world: int) -> bool:
-        """Whether sending ``capacity`` entries per rank beats a dense all-reduce of ``numel``."""
+    def sparse_pays(self, numel: int, capacity: int, world: int, shared: bool = False) -> bool:
+        """Whether sending ``capacity`` entries per rank beats a dense all-reduce of ``numel``
+        (``shared``: at indices every rank shares, ``topk_allreduce``)."""
         dense = 4.0 * numel / self.link_bytes_per_s
-        sparse = self.codec_s_per_entry * numel + 4.0 * capacity * world / self.link_bytes_per_s
+        sparse = self.codec_s_per_entry * numel + 4.0 * wire_entries(capacity, world, shared) / self.link_bytes_per_s
         return sparse < dense
 
     def describe(self) -> str:

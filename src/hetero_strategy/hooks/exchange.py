@@ -5,7 +5,8 @@ encoded, decode each chunk as soon as its collectives complete (used by
 A bucket is cut into *chunks* of whole parameters (:func:`chunk_bounds`; one chunk unless
 ``pipeline_stages`` asks for more). Per chunk at most two collectives, issued from the hook call
 in the same order on every rank (gloo requires it): one all-gather of its sparse parameters'
-values + int32 indices, one all-reduce of its dense parameters. While chunk i is on the wire the
+values + int32 indices, one all-reduce of its dense parameters (with shared indices, one
+all-reduce of both: the values sit at the same indices on every rank). While chunk i is on the wire the
 hook encodes chunk i+1: the codec overlaps the communication. Selection is per parameter, so the
 result does not depend on the chunking (tested bitwise on 2 ranks; with more ranks gloo's ring
 may sum a dense part's entries in another order, so results can differ in the last bit, while
@@ -68,6 +69,9 @@ class Chunk:
     indices: "list[torch.Tensor]"  # bucket-relative
     marker: torch.Tensor
     sent_entries: int
+    shared: bool = False
+    """The sparse values sit at indices every rank shares (``topk_allreduce``): they are summed in
+    the chunk's one all-reduce, beside its dense parts, instead of being gathered."""
 
 
 @dataclass
@@ -86,6 +90,10 @@ def issue_chunk(group: "dist.ProcessGroup | None", chunk: Chunk) -> Pending:
     gather if any."""
     gathered = reduced = None
     futs, nbytes = [], 0
+    if chunk.shared:  # values, dense parts and the marker: one all-reduce
+        reduced = torch.cat(chunk.values + chunk.dense_parts + [chunk.marker])
+        fut, nbytes = comm.all_reduce(reduced, group)
+        return Pending(chunk, [fut], None, reduced, nbytes)
     if chunk.values:
         payload = torch.cat([TopKCodec.pack(torch.cat(chunk.values), torch.cat(chunk.indices)), chunk.marker])
         fut, gathered, sent = comm.all_gather(payload, group)
@@ -113,8 +121,11 @@ def finish_exchange(buf: torch.Tensor, pending: "list[Pending]", backend: str = 
 
     def decode(p: Pending) -> torch.Tensor:
         c, offset, pos = p.chunk, p.chunk.start, 0
-        if p.gathered is not None:  # sparse entries are added to zeros; dense parts overwrite
+        if p.gathered is not None or c.shared:  # sparse entries land on zeros; dense parts overwrite
             out[c.start:c.start + sum(c.sizes)].zero_()
+        if c.shared and c.values:  # the summed values lead the all-reduce, at the shared indices
+            pos = c.values[0].numel()
+            out.index_copy_(0, c.indices[0], p.reduced[:pos])
         for n, is_sparse in zip(c.sizes, c.sparse):
             if not is_sparse:
                 out[offset:offset + n] = p.reduced[pos:pos + n]

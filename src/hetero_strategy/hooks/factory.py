@@ -23,6 +23,7 @@ from hetero_strategy.hooks.baselines import (
 )
 from hetero_strategy.hooks.compressed import CompressedState
 from hetero_strategy.hooks.compressed_hooks import onebit_hook, topk_hook
+from hetero_strategy.hooks.tiers import exchange_codec
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook
 
 __all__ = ["build_comm_hook"]
@@ -33,7 +34,8 @@ _Builder = Callable[[CompressionConfig, Any, MaxSteps], tuple[WeightedReduceStat
 _BUILDERS: dict[str, _Builder] = {
     "none": lambda cfg, pg, steps: (WeightedReduceState(pg, overlap=cfg.overlap_comm), weighted_allreduce_hook),
     "topk": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), topk_hook),
-    "tiered": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), topk_hook),
+    "topk_allreduce": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), topk_hook),
+    "tiered": lambda cfg, pg, steps: _tiered(CompressedState(cfg, pg, max_steps=steps), cfg, pg),
     "onebit": lambda cfg, pg, steps: (CompressedState(cfg, pg, max_steps=steps), onebit_hook),
     "fp16": lambda cfg, pg, steps: (CastState(pg, dtype=torch.float16), cast_hook),
     "bf16": lambda cfg, pg, steps: (CastState(pg, dtype=torch.bfloat16), cast_hook),
@@ -44,6 +46,26 @@ _BUILDERS: dict[str, _Builder] = {
     ),
 }
 assert set(_BUILDERS) == set(COMPRESSION_METHODS), "every configured method needs a builder"
+
+
+def _tiered(state: CompressedState, cfg: CompressionConfig, pg: Any) -> tuple[WeightedReduceState, Callable]:
+    """The hook of the exchange's codec: its slowest tier's (``tier_overrides.<tier>.codec``).
+
+    The state was built first because it resolves and gathers the tiers (collective); every rank
+    then takes the same codec. Codecs outside the Top-K family run torch's or the cast hooks."""
+    if state.codec in ("topk", "topk_allreduce", "dense"):
+        return state, topk_hook
+    if state.codec == "onebit":
+        return state, onebit_hook
+    if state.hier is not None:
+        raise ValueError(f"tier_overrides codec={state.codec!r} is invalid with hierarchical=True: the leaders' "
+                         "exchange runs Top-K codecs only (topk, topk_allreduce, onebit, dense); "
+                         "choose one of those for the slowest tier, or hierarchical=False")
+    policy = exchange_codec(cfg.method, state.tiers, state.policies)[1]
+    if state.codec == "powersgd":  # upstream needs >= 2 dense iterations (DDP's bucket rebuild)
+        return PowerSGDBaselineState(pg, rank=policy.rank, start_iter=max(2, cfg.dense_warmup_steps)), \
+            powersgd_weighted_hook
+    return CastState(pg, dtype=torch.float16 if state.codec == "fp16" else torch.bfloat16), cast_hook
 
 
 def build_comm_hook(

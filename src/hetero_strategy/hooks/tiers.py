@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_TIERS",
     "TIER_ENV",
     "TierPolicy",
+    "exchange_codec",
     "exchange_policies",
     "gather_tiers",
     "leader_tiers",
@@ -51,6 +52,11 @@ class TierPolicy:
     """Exchange every N steps; in between the rank sends nothing and keeps its gradient in the residual."""
     gamma: float
     """Error-feedback compensation strength (residual decay); ignored by dense tiers."""
+    codec: str = "topk"
+    """How the exchange goes when this is the slowest tier of it: topk, topk_allreduce, onebit,
+    fp16, bf16, powersgd, or dense (the same as tier_factor None)."""
+    rank: int = 4
+    """PowerSGD's matrix approximation rank, for codec powersgd."""
 
 
 # NOTE: not the older "field experience" table (ib 0.5/1/0.9, eth10g 0.3/2/0.95, eth1g
@@ -69,8 +75,24 @@ DEFAULT_TIERS: dict[str, TierPolicy] = {
 def tier_policy(tier: str, overrides: dict[str, dict[str, Any]] | None = None) -> TierPolicy:
     """The policy of ``tier`` with the config's per-tier overrides applied (validated by the config)."""
     base = DEFAULT_TIERS[tier]
-    extra = (overrides or {}).get(tier) or {}
+    extra = dict((overrides or {}).get(tier) or {})
+    if extra.get("codec") == "dense":  # one meaning of dense: no residual, the plain all-reduce
+        extra["tier_factor"] = None
     return dataclasses.replace(base, **extra)
+
+
+def exchange_codec(method: str, tiers: list[str] | None, policies: list[TierPolicy]) -> tuple[str, TierPolicy]:
+    """The codec every member of one exchange runs, and the policy it comes from.
+
+    One exchange runs one codec on every rank (their collectives must match), and a ring moves
+    at the pace of its slowest link: for ``tiered`` the slowest member tier's codec decides.
+    Other methods are their own codec.
+    """
+    if method != "tiered" or not tiers:
+        return method, policies[0]
+    slowest = max(range(len(tiers)), key=lambda i: TIERS.index(tiers[i]))  # TIERS: fastest first
+    policy = policies[slowest]
+    return ("dense" if policy.tier_factor is None else policy.codec), policy
 
 
 def tier_from_bandwidth(gbps: float) -> str:

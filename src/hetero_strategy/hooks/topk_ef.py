@@ -10,6 +10,10 @@ sent_t + residual_t = x_t + gamma * residual_{t-1} (docs/compression.md, "Error 
 * the hybrid mode's :class:`~hetero_strategy.hybrid.exchange.DeltaExchange` calls it once a
   period on the weighted model delta, one bucket of one segment.
 
+With ``shared_indices`` (``compression="topk_allreduce"``) every rank sends its accumulator at
+one index set per segment that all ranks agreed on (:mod:`.shared_indices`), and the sparse
+values travel in the chunk's one all-reduce instead of an all-gather; the rest is unchanged.
+
 A NaN/inf anywhere in a rank's accumulator is never written into its residual (it keeps its last
 finite value), and it surfaces: the result is all-NaN on every rank, so every rank drops it alike
 (docs/reliability.md, "Non-finite gradients"). Detection is a 0-d marker riding in the payload:
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import Chunk, chunk_bounds, finish_exchange, issue_chunk, nonfinite_marker
 from hetero_strategy.hooks.memory import ResidualMemory
+from hetero_strategy.hooks.shared_indices import IndexAgreement
 
 __all__ = ["TopKPlan", "TopKState", "encode_chunks", "store_residuals", "topk_ef_exchange"]
 
@@ -55,21 +60,25 @@ class TopKState:
         backend: the kernels' backend (``compression_backend``: auto, triton or torch).
         memory: where residuals live, by bucket index (default: a new :class:`ResidualMemory`;
             the DDP hooks pass theirs, which the 1-bit hook shares).
+        shared_indices: every rank sends its values at one agreed index set per segment, summed by
+            one all-reduce (``topk_allreduce``, :mod:`~hetero_strategy.hooks.shared_indices`),
+            instead of gathering each rank's own top-k.
     """
 
     __slots__ = (
         # hyper-parameters
         "process_group", "backend",
         # internal state
-        "memory",
+        "memory", "agreement",
         # stats (of the last call)
         "last_bytes_sent", "last_entries_sent",
     )  # fmt: skip
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, backend: str = "auto",
-                 memory: "ResidualMemory | None" = None) -> None:
+                 memory: "ResidualMemory | None" = None, shared_indices: bool = False) -> None:
         self.process_group, self.backend = process_group, backend
         self.memory = ResidualMemory() if memory is None else memory
+        self.agreement = IndexAgreement(process_group) if shared_indices else None
         self.last_bytes_sent = 0  # as the ring collectives move them (hooks/communicator.py)
         self.last_entries_sent = 0  # entries this rank sent: sparse k's and dense segments
 
@@ -102,29 +111,37 @@ def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat
         total = topk_ef_exchange(state, 0, (0,), delta, [delta.numel()], plan).wait()
     """
     residual = state.memory.residual(index, keys, list(flat.split(sizes)))  # (n,) fp32
+    segment = _segments(sizes)
+    shared = None
+    if state.agreement is not None:  # topk_allreduce: the index set every rank sends at
+        shared = state.agreement.agree(keys, plan.sparse, plan.caps,
+                                       lambda j: flat[segment(j)].float() + gamma * residual[segment(j)])
     pending, kept = [], []
     # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
     # overlaps them (one chunk unless stages asks for more)
-    for chunk, res, acc in encode_chunks(state, flat, residual, sizes, plan, gamma, stages):
+    for chunk, res, acc in encode_chunks(state, flat, residual, sizes, plan, gamma, stages, shared):
         pending.append(issue_chunk(state.process_group, chunk))
         kept.append((chunk.marker, res, acc))
     store_residuals(kept)
     state.last_bytes_sent = sum(p.nbytes for p in pending)
+    if state.agreement is not None:  # the next call's indices, on the wire beside this call's sums
+        state.agreement.propose(keys, plan.sparse, plan.caps, lambda j: residual[segment(j)])
+        state.last_bytes_sent += state.agreement.last_bytes_sent
     state.last_entries_sent = sum(p.chunk.sent_entries for p in pending)
     return finish_exchange(flat, pending, state.backend)
 
 
 def encode_chunks(state: TopKState, buf: torch.Tensor, residual: torch.Tensor, sizes: "list[int]",
-                  plan: TopKPlan, gamma: float, stages: int):
+                  plan: TopKPlan, gamma: float, stages: int, shared: "list[torch.Tensor | None] | None" = None):
     """Encode ``buf`` chunk after chunk (:func:`chunk_bounds`); yields (chunk, its slice of the
-    residual, its accumulator), so a caller can send each chunk before the next is encoded."""
-    offsets = [0]
-    for n in sizes[:-1]:
-        offsets.append(offsets[-1] + n)
+    residual, its accumulator), so a caller can send each chunk before the next is encoded.
+    ``shared``: per segment, the agreed indices to send at (``topk_allreduce``)."""
+    offsets = _offsets(sizes)
     for lo, hi in chunk_bounds(sizes, stages):
         start, end = offsets[lo], offsets[hi - 1] + sizes[hi - 1]
         part = TopKPlan(*(field[lo:hi] for field in plan))
-        chunk, acc = _encode(state.backend, buf[start:end], residual[start:end], start, sizes[lo:hi], part, gamma)
+        chunk, acc = _encode(state.backend, buf[start:end], residual[start:end], start, sizes[lo:hi], part, gamma,
+                             None if shared is None else shared[lo:hi])
         yield chunk, residual[start:end], acc
 
 
@@ -145,19 +162,26 @@ def store_residuals(kept: "list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def _encode(backend: str, buf: torch.Tensor, residual: torch.Tensor, start: int, sizes: "list[int]",
-            plan: TopKPlan, gamma: float) -> "tuple[Chunk, torch.Tensor]":
+            plan: TopKPlan, gamma: float, shared: "list[torch.Tensor | None] | None" = None
+            ) -> "tuple[Chunk, torch.Tensor]":
     """Error feedback and selection of one chunk of whole segments; (the chunk, acc with its sent
     entries zeroed: the chunk's new residual once the tensor is known to be finite)."""
     acc = ef_accumulate_(buf, residual, gamma, backend)  # (m,) fp32, in buf when it is fp32
     marker = nonfinite_marker(acc)
     # acc becomes what stays in the residual: sent entries are zeroed in place below
-    offsets = [0]
-    for n in sizes[:-1]:
-        offsets.append(offsets[-1] + n)
+    offsets = _offsets(sizes)
     sparse, ks, caps = plan.sparse, plan.ks, plan.caps
     picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
     values, indices = [], []
-    if picked:  # every sparse segment of the chunk in one selection (k = 0: padding only)
+    if picked and shared is not None:  # the agreed indices: this rank's values there (0: it skips)
+        for j in picked:
+            seg, idx = acc[offsets[j]:offsets[j] + sizes[j]], shared[j]
+            values.append(seg[idx] if ks[j] > 0 else torch.zeros(idx.numel(), device=acc.device))
+            if ks[j] > 0:
+                seg[idx] = 0.0
+            indices.append(idx + (start + offsets[j]))
+        values, indices = [torch.cat(values)], [torch.cat(indices)]
+    elif picked:  # every sparse segment of the chunk in one selection (k = 0: padding only)
         v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
                                           [ks[j] for j in picked], [caps[j] for j in picked], backend)
         values, indices = [v], [i.add_(start)]  # relative to the whole tensor
@@ -172,4 +196,18 @@ def _encode(backend: str, buf: torch.Tensor, residual: torch.Tensor, start: int,
             sent_entries += sizes[j]
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
-    return Chunk(start, sizes, list(sparse), dense_parts, values, indices, marker, sent_entries), acc
+    return Chunk(start, sizes, list(sparse), dense_parts, values, indices, marker, sent_entries,
+                 shared=shared is not None), acc
+
+
+def _offsets(sizes: "list[int]") -> "list[int]":
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    return offsets
+
+
+def _segments(sizes: "list[int]"):
+    """j -> the slice of segment j in the flat tensor."""
+    offsets = _offsets(sizes)
+    return lambda j: slice(offsets[j], offsets[j] + sizes[j])

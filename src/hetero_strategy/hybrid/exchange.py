@@ -6,8 +6,8 @@ delta: what a rank does not send now it sends later, so no local progress is dro
 It is the DDP hooks' exchange (:func:`~hetero_strategy.hooks.topk_ef.topk_ef_exchange`, one bucket
 of one segment), non-finite marker included: a NaN/inf accumulator on any rank comes back all-NaN
 on every rank and its rank's residual keeps its last finite value. When the payload would
-outweigh a dense all-reduce (density x world size >= 1) the exchange is dense and the residual is
-flushed into it.
+outweigh a dense all-reduce (density x world size >= 1; with ``delta_codec="topk_allreduce"``,
+1.5 x density >= 1) the exchange is dense and the residual is flushed into it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.hooks.cost import wire_entries
 from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState, topk_ef_exchange
 
 __all__ = ["DeltaExchange"]
@@ -32,6 +33,8 @@ class DeltaExchange:
         density: fraction of entries each rank sends; None: dense fp32 all-reduce, no residual.
         world_size: ranks in ``group``.
         group: the process group (default: the default group).
+        shared_indices: send at one index set every rank shares, summed by one all-reduce
+            (``delta_codec="topk_allreduce"``), instead of all-gathering each rank's own top-k.
 
     Example::
 
@@ -41,9 +44,10 @@ class DeltaExchange:
 
     __slots__ = ("bytes_sent", "density", "topk", "world_size")
 
-    def __init__(self, density: float | None, world_size: int, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, density: float | None, world_size: int, group: dist.ProcessGroup | None = None,
+                 shared_indices: bool = False) -> None:
         self.density, self.world_size = density, world_size
-        self.topk = TopKState(group)  # the residual: weighted delta not sent yet
+        self.topk = TopKState(group, shared_indices=shared_indices)  # the residual: weighted delta not sent yet
         self.bytes_sent = 0  # values and indices (or the dense delta) of the last exchange, for metrics
 
     @property
@@ -51,7 +55,9 @@ class DeltaExchange:
         return self.topk.process_group
 
     def sparse(self) -> bool:
-        return self.density is not None and self.density * self.world_size < 1
+        if self.density is None:
+            return False
+        return wire_entries(self.density, self.world_size, self.topk.agreement is not None) < 1
 
     def flush(self, numel: int, device: torch.device) -> torch.Tensor:
         """Every rank's residual, summed densely (collective); the residuals start again from zero."""
@@ -69,13 +75,19 @@ class DeltaExchange:
             plan, self.bytes_sent = TopKPlan.dense([n]), 4 * n
         else:
             k = max(1, math.ceil(self.density * n))
-            # NOTE: the 4-byte non-finite marker riding along is left out of the metric
+            # NOTE: the 4-byte non-finite marker riding along is left out of the metric; shared
+            # indices: k values in the all-reduce and k indices broadcast
             plan, self.bytes_sent = TopKPlan([True], [k], [k], [False]), 4 * 2 * k
         return topk_ef_exchange(self.topk, _BUCKET, _KEYS, flat, [n], plan).wait()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"residual": self.topk.memory.state_dict()["residuals"].get(_KEYS[0])}
+        out = {"residual": self.topk.memory.state_dict()["residuals"].get(_KEYS[0])}
+        if self.topk.agreement is not None:
+            out["shared_indices"] = self.topk.agreement.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         residual = state.get("residual")
         self.topk.memory.load_state_dict({"residuals": {} if residual is None else {_KEYS[0]: residual}})
+        if self.topk.agreement is not None:
+            self.topk.agreement.load_state_dict(state.get("shared_indices", {}))

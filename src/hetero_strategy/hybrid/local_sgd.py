@@ -84,7 +84,8 @@ class LocalSGD:
         self.joined: set[int] = set()  # ranks whose data ran out (known since the last sync)
         self.last: dict[str, list] | None = None  # the last sync's steps, samples, weights (logs, tests)
         self._phase_samples: list[float] | None = None  # every rank's samples in this phase's syncs
-        self.exchange = DeltaExchange(config.delta_density, world_size, group)
+        self.exchange = DeltaExchange(config.delta_density, world_size, group,
+                                      shared_indices=config.delta_codec == "topk_allreduce")
         # every rank builds its controllers in the same order (the store prefix counts them)
         self._board = PeriodStore(rank, world_size, stall_timeout_s) if world_size > 1 else None
 

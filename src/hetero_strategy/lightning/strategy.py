@@ -78,7 +78,7 @@ class HeteroStrategy(DDPStrategy):
         probe_steps: timed steps per batch size in the start-up probe.
         seed: the sampler's shuffle seed (default: 0).
         calibrate: keep moving the batch shares toward equal finishing times while training.
-        compression: the comm hook: none, topk, tiered, onebit, fp16, bf16 or powersgd.
+        compression: the comm hook: none, topk, topk_allreduce, tiered, onebit, fp16, bf16 or powersgd.
         precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
         state_dict_type: "full" (Lightning's single checkpoint file, written by rank 0) or "sharded"
             (a directory: every rank writes its own shard asynchronously; see docs/reliability.md).
@@ -136,6 +136,7 @@ class HeteroStrategy(DDPStrategy):
         for name, description, options in (
                 ("hetero", "Heterogeneous-cluster DDP (capacity-sized batches)", {}),
                 ("hetero_topk", "hetero with Top-K compression and error feedback", {"compression": "topk"}),
+                ("hetero_topk_allreduce", "hetero, Top-K at shared indices", {"compression": "topk_allreduce"}),
                 ("hetero_tiered", "hetero with per-link-tier compression", {"compression": "tiered"}),
                 ("hetero_spawn", "hetero with start_method='spawn'", {"start_method": "spawn"})):
             strategy_registry.register(name, cls, description=description, **options)

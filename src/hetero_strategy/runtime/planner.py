@@ -118,7 +118,7 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
 
 def probe_exchange(cfg: CompressionConfig) -> ProbeExchange:
     """What of the gradient exchange the probe times with each step, from the compression config."""
-    if cfg.method in ("topk", "tiered"):
+    if cfg.method in ("topk", "topk_allreduce", "tiered"):
         # Top-K's encode runs on every rank at every step and is per-entry work, not per-sample: a
         # slow rank pays it slower, so the plan must count it (its payload is too small to compete).
         return ProbeExchange(dense=False, codec_density=cfg.base_density, codec_backend=cfg.compression_backend)

@@ -80,6 +80,7 @@ def _note_proposal(a: Answers) -> str | None:
 _COMPRESSION_TITLES = {
     "none": "none: dense all-reduce (fast links)",
     "topk": "topk: Top-K sparsification with error feedback",
+    "topk_allreduce": "topk_allreduce: Top-K at indices all ranks share, one all-reduce (bytes do not grow with ranks)",
     "tiered": "tiered: Top-K with each link tier's density and exchange period (mixed links)",
     "onebit": "onebit: sign compression with error feedback",
     "fp16": "fp16: half-precision gradients",
