@@ -52,6 +52,7 @@ CONFIG = {
     "plateau_thresholds": ([0.01, 0.05], "plateau_thresholds[1]=0.05"), "plateau_evals": (0, "plateau_evals=0"),
     "max_staleness": (0, "max_staleness=0"), "staleness_decay": (0.0, "staleness_decay=0.0"),
     "local_clip_norm": (-1.0, "local_clip_norm=-1.0"), "delta_density": (2.0, "delta_density=2.0"),
+    "delta_codec": ("gzip", "delta_codec='gzip'"),
 }
 
 # flags -> what the output must name; nothing may start (see _no_work)

@@ -11,7 +11,8 @@ from hetero_strategy.config.errors import _fail
 __all__ = ["COMPRESSION_METHODS", "TIERS", "TIER_CODECS", "CompressionConfig"]
 
 TIERS = ("nvlink", "ib", "eth10g", "eth1g")
-COMPRESSION_METHODS = ("none", "topk", "topk_allreduce", "tiered", "onebit", "fp16", "bf16", "powersgd")
+# NOTE: new methods go last: the wizard lists them in this order, and scripted answers pick by position
+COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powersgd", "topk_allreduce")
 _TOPK = ("topk", "topk_allreduce", "tiered")  # the methods of the Top-K exchange
 # what one tier's exchange may run (tier_overrides.<tier>.codec): the slowest tier's decides
 TIER_CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd", "onebit")

@@ -1,4 +1,4 @@
-"""The hooks of :class:`CompressedState`: :func:`topk_hook` (topk, tiered) and :func:`onebit_hook`.
+"""The hooks of :class:`CompressedState`: :func:`topk_hook` (topk, topk_allreduce, tiered) and :func:`onebit_hook`.
 
 The modes a bucket takes each step, the weighting and the non-finite rule are described in
 :mod:`hetero_strategy.hooks.compressed`, beside the state that decides them.
