@@ -5,8 +5,9 @@
    rank's interface transmit counter is its own), on the time-to-accuracy CNN. Compute speed does
    not change bytes, so every rank gets a whole core's quota and the links 1 Gbit/s.
 2. Modelled: :func:`hetero_strategy.hooks.wire_model.bytes_per_rank` from the CNN's parameter
-   shapes, times one framing factor (TCP/IP headers and acknowledgements) fitted on dense fp32 at
-   W = 2, for W = 2 … 1024; its error against every measured point.
+   shapes, with the transport's two numbers (bytes per payload byte, bytes per message) fitted on
+   dense fp32 and PowerSGD at the smallest W, for W = 2 … 1024; its error against every other
+   measured point.
 
 Writes JSON ``{"bytes_per_rank_per_step": {codec: {W: bytes}}, "model_bytes_per_rank_per_step":
 {codec: {W: bytes}}, "model_error": {codec: {W: relative error}}, "ratios": {...}, "setup":
@@ -39,44 +40,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worlds", nargs="+", type=count(2), default=[2, 4, 8], help="measured world sizes")
     parser.add_argument("--steps", type=count(1), default=10, help="counted steps per codec")
     parser.add_argument("--link", default="1gbit", help="every rank's link rate (bytes do not depend on it)")
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
+                        help="cnn: the time-to-accuracy CNN (283k parameters); resnet18: 11.2M")
 
 
-def _measure(world: int, steps: int, link: str, tmp: str) -> dict:
+def _measure(world: int, steps: int, link: str, tmp: str, model: str) -> dict:
     from hetero_strategy.emulate import EmulatedCluster
 
     out = str(Path(tmp) / f"w{world}.json")
     with EmulatedCluster(compute=[1.0] * world, links=[link] * world, measure=False) as cluster:
-        result = cluster.run([*worker(_WORKER), "--out", out, "--steps", str(steps)], timeout=900)
+        result = cluster.run([*worker(_WORKER), "--out", out, "--steps", str(steps), "--model", model], timeout=900)
     if not result.ok:
         raise RuntimeError(f"scaling run at W={world} failed (rc {result.returncode}):\n"
                            + "\n".join(result.outputs)[-3000:])
     return json.loads(Path(out).read_text())
 
 
-def summarise(measured: dict[int, dict], shapes: list[tuple[int, ...]], density: float = 0.01,
+def summarise(measured: dict[int, dict], buckets: list[list[tuple[int, ...]]], density: float = 0.01,
               powersgd_rank: int = 4) -> dict:
     """Measured means over ranks, the framed model at every world size, the model's errors."""
     from hetero_strategy.hooks.wire_model import bytes_per_rank
 
+    shapes = buckets
     codecs = list(next(iter(measured.values())))
     got = {c: {str(w): statistics.mean(measured[w][c]["wire_bytes_per_rank"]) for w in sorted(measured)}
            for c in codecs}
     hook = {c: {str(w): statistics.mean(measured[w][c]["hook_bytes_per_rank"]) for w in sorted(measured)}
             for c in codecs}
-    w0 = str(min(measured))
+    w0 = min(measured)
+    framing, per_message = fit_transport(got, shapes, w0, density, powersgd_rank)
 
     def model(c: str, w: int) -> float:
-        return bytes_per_rank(c, shapes, w, density=density, powersgd_rank=powersgd_rank)
+        return bytes_per_rank(c, shapes, w, density=density, powersgd_rank=powersgd_rank, framing=framing,
+                              per_message=per_message)
 
-    framing = got["dense"][w0] / model("dense", int(w0)) if "dense" in got else 1.0
-    modelled = {c: {str(w): framing * model(c, w) for w in sorted({*MODEL_WORLDS, *measured})} for c in codecs}
+    modelled = {c: {str(w): model(c, w) for w in sorted({*MODEL_WORLDS, *measured})} for c in codecs}
     errors = {c: {w: modelled[c][w] / got[c][w] - 1 for w in got[c]} for c in codecs}
-    ratios = {f"{c}_bytes_w{max(measured)}_over_w{min(measured)}": got[c][str(max(measured))] / got[c][w0]
+    ratios = {f"{c}_bytes_w{max(measured)}_over_w{w0}": got[c][str(max(measured))] / got[c][str(w0)]
               for c in codecs}
     return {"bytes_per_rank_per_step": got, "hook_bytes_per_rank_per_step": hook,
             "model_bytes_per_rank_per_step": modelled, "model_error": errors,
             "max_abs_model_error": max(abs(e) for per in errors.values() for e in per.values()),
-            "framing_factor": framing, "ratios": ratios}
+            "framing_factor": framing, "per_message_bytes": per_message, "fitted_on": f"dense and powersgd at W={w0}",
+            "ratios": ratios}
+
+
+def fit_transport(got: dict, shapes: list[list[tuple[int, ...]]], world: int, density: float,
+                  powersgd_rank: int) -> tuple[float, float]:
+    """(framing, per_message) solving the model = the measurement for dense (payload-heavy) and
+    PowerSGD (message-heavy) at ``world``; framing alone from dense when PowerSGD was not run."""
+    from hetero_strategy.hooks.wire_model import bytes_per_rank
+
+    def parts(c: str) -> tuple[float, float]:  # (payload bytes, messages) per rank and step
+        kw = dict(density=density, powersgd_rank=powersgd_rank)
+        return (bytes_per_rank(c, shapes, world, framing=1.0, per_message=0.0, **kw),
+                bytes_per_rank(c, shapes, world, framing=0.0, per_message=1.0, **kw))
+
+    (pd, md), w = parts("dense"), str(world)
+    if "powersgd" not in got:
+        return got["dense"][w] / pd, 0.0
+    pp, mp = parts("powersgd")
+    det = pd * mp - pp * md
+    framing = (got["dense"][w] * mp - got["powersgd"][w] * md) / det
+    return framing, (pd * got["powersgd"][w] - pp * got["dense"][w]) / det
 
 
 def _chart(result: dict, path: Path) -> None:
@@ -103,7 +129,7 @@ def _chart(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero_bench.compression_e2e import make_cnn
+    from hetero_bench.compression_scaling_worker import make_model
 
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,18 +137,20 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for w in sorted(set(args.worlds)):
             print(f"bench compression-scaling: W={w} on the emulated cluster ...", flush=True)
-            measured[w] = _measure(w, args.steps, args.link, tmp)
-    shapes = [tuple(p.shape) for p in make_cnn().parameters()]
-    result = summarise(measured, shapes)
+            measured[w] = _measure(w, args.steps, args.link, tmp, args.model)
+    net = make_model(args.model)[0]
+    buckets = next(iter(measured.values()))["dense"]["buckets"]  # DDP's layout after its rebuild
+    result = summarise(measured, [[tuple(s) for s in b] for b in buckets])
     result["per_rank"] = {str(w): m for w, m in measured.items()}
     result["setup"] = {
-        "workload": f"the time-to-accuracy CNN ({sum(p.numel() for p in make_cnn().parameters())} parameters), "
-                 "batch 8 per rank of random 8x8 inputs",
+        "workload": f"{args.model} ({sum(p.numel() for p in net.parameters())} parameters) in one DDP bucket, "
+                    "batch 8 per rank of random inputs",
         "codecs": "dense fp32, fp16 (torch's hook), topk and topk_allreduce (density 0.01 constant, no dense "
                   "fallback), powersgd (torch's hook, rank 4, one bucket)",
         "measured": f"interface transmit bytes per rank per step, mean over ranks, {args.steps} steps after "
                     f"warm-up; W = {sorted(measured)} on the emulated cluster, {args.link} links",
-        "model": "hooks/wire_model.bytes_per_rank x framing_factor (fitted on dense at the smallest W)",
+        "model": "hooks/wire_model.bytes_per_rank with framing_factor and per_message_bytes fitted on dense and "
+                 "powersgd at the smallest W",
     }
     out.write_text(json.dumps(result, indent=2))
     _chart(result, out.with_suffix(".png"))

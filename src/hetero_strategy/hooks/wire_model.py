@@ -16,13 +16,15 @@ parameter and the hooks' own sparse-or-dense rule (:func:`~hetero_strategy.hooks
 * ``powersgd`` — torch's rule per tensor (``_should_compress``): all-reduces of P (rows·r) and
   Q (cols·r) for the compressed matrices, of the whole tensor for the rest.
 
-Framing (TCP/IP headers, acknowledgements) is not in these figures: an interface counter sees a
-few per cent more, the same factor for every codec (``bench compression-scaling`` fits it once).
+What the transport adds (TCP/IP headers, acknowledgements, the collective's own messages) is two
+numbers: ``framing``, per payload byte, and ``per_message``, per message a rank sends (a ring
+all-reduce sends 2(W-1) of them, an all-gather W-1). ``bench compression-scaling`` fits both on
+the smallest world it measures and checks the model on every other point.
 
 Example::
 
-    shapes = [tuple(p.shape) for p in model.parameters()]
-    bytes_per_rank("topk_allreduce", shapes, world=64, density=0.01)
+    buckets = [[tuple(p.shape) for p in model.parameters()]]     # one bucket
+    bytes_per_rank("topk_allreduce", buckets, world=64, density=0.01)
 """
 
 from __future__ import annotations
@@ -35,45 +37,75 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_co
 from hetero_strategy.hooks.cost import wire_entries
 from hetero_strategy.hooks.schedule import DensitySchedule
 
-__all__ = ["CODECS", "bytes_per_rank"]
+__all__ = ["CODECS", "bytes_per_rank", "collectives"]
 
 CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd")
 
 
-def bytes_per_rank(codec: str, shapes: Sequence[Sequence[int]], world: int, density: float = 0.01,
-                   powersgd_rank: int = 4) -> float:
-    """Payload bytes one rank sends per step (the mean over ranks), for ``world`` ranks."""
+def collectives(codec: str, shapes: Sequence[Sequence[int]], world: int, density: float = 0.01,
+                powersgd_rank: int = 4) -> list[tuple[str, float]]:
+    """The (kind, payload bytes) of each collective one step issues for one bucket holding
+    ``shapes``: kind is ``all_reduce``, ``all_gather`` (payload: per rank) or ``broadcast``."""
     if codec not in CODECS:
         raise ValueError(f"codec={codec!r} is invalid: choose one of {', '.join(CODECS)}")
-    if world < 2:
-        return 0.0
-    ring, gather, bcast = 2 * (world - 1) / world, world - 1, (world - 1) / world
     sizes = [math.prod(s) for s in shapes]
     if codec == "dense":
-        return ring * 4 * sum(sizes)
+        return [("all_reduce", 4.0 * sum(sizes))]
     if codec in ("fp16", "bf16"):
-        return ring * 2 * sum(sizes)
-    if codec == "powersgd":
-        return ring * 4 * sum(_powersgd_entries(s, powersgd_rank) for s in shapes)
+        return [("all_reduce", 2.0 * sum(sizes))]
+    if codec == "powersgd":  # torch's hook: the uncompressed tensors, then P, then Q
+        parts = [_powersgd_parts(s, powersgd_rank) for s in shapes]
+        return [("all_reduce", 4.0 * sum(p[i] for p in parts)) for i in range(3) if any(p[i] for p in parts)]
     shared = codec == "topk_allreduce"
-    sent = 0.0
+    sparse_k, dense_n = [], []
     for n in sizes:
         k = DensitySchedule.k_for(n, density)
         if wire_entries(k, world, shared) >= n:  # the hooks send this parameter dense
-            sent += ring * 4 * n
-        elif shared:
-            sent += ring * 4 * k + bcast * 4 * k
+            dense_n.append(n)
         else:
-            sent += gather * 8 * k
-    return sent
+            sparse_k.append(k)
+    out = []
+    if shared:  # values and dense parts in one all-reduce (+ the marker), the next indices broadcast
+        out.append(("all_reduce", 4.0 * (sum(sparse_k) + sum(dense_n) + 1)))
+        if sparse_k:
+            out.append(("broadcast", 4.0 * sum(sparse_k)))
+        return out
+    if sparse_k:  # fp32 value + int32 index per entry, the marker riding along
+        out.append(("all_gather", 8.0 * sum(sparse_k) + 4))
+    if dense_n or not sparse_k:
+        out.append(("all_reduce", 4.0 * sum(dense_n) + (0 if sparse_k else 4)))
+    return out
 
 
-def _powersgd_entries(shape: Sequence[int], rank: int) -> int:
-    """fp32 entries torch's PowerSGD hook all-reduces for one tensor (P and Q, or the tensor)."""
+def bytes_per_rank(codec: str, buckets: Sequence[Sequence[Sequence[int]]], world: int, density: float = 0.01,
+                   powersgd_rank: int = 4, framing: float = 1.0, per_message: float = 0.0) -> float:
+    """Bytes one rank sends per step (the mean over ranks), for ``world`` ranks and DDP's
+    ``buckets`` (each a list of parameter shapes, as DDP laid them out).
+
+    ``framing`` scales payload bytes (headers proportional to the data); ``per_message`` adds a
+    fixed cost per message a rank sends (a ring step, one peer of an all-gather, a broadcast's
+    share): what the transport spends on each message whatever its size.
+    """
+    if world < 2:
+        return 0.0
+    # per rank: (bytes per payload byte, messages) of each collective kind
+    per_kind = {"all_reduce": (2 * (world - 1) / world, 2 * (world - 1)),
+                "all_gather": (world - 1, world - 1),
+                "broadcast": ((world - 1) / world, (world - 1) / world)}
+    total = 0.0
+    for shapes in buckets:
+        for kind, payload in collectives(codec, shapes, world, density, powersgd_rank):
+            factor, messages = per_kind[kind]
+            total += framing * factor * payload + per_message * messages
+    return total
+
+
+def _powersgd_parts(shape: Sequence[int], rank: int) -> tuple[int, int, int]:
+    """fp32 entries torch's PowerSGD hook all-reduces for one tensor: (uncompressed, P, Q)."""
     n = math.prod(shape)
     rows = shape[0] if len(shape) else 1
     cols = n // max(rows, 1)  # as the hook does: tensor.view(shape[0], -1)
     r = min(rank, rows, cols)  # torch caps the rank at the matrix's smaller side
     if _should_compress(rows, cols, r, 2)[0]:  # min_compression_rate=2, PowerSGDState's default
-        return (rows + cols) * r
-    return n
+        return 0, rows * r, cols * r
+    return n, 0, 0
