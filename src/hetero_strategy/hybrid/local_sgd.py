@@ -88,6 +88,7 @@ class LocalSGD:
                                       shared_indices=config.delta_codec == "topk_allreduce")
         # every rank builds its controllers in the same order (the store prefix counts them)
         self._board = PeriodStore(rank, world_size, stall_timeout_s) if world_size > 1 else None
+        self._resumed = False  # restored, and the resumed count not yet published (every rank alike)
 
     @property
     def anchor(self) -> dict[str, torch.Tensor] | None:
@@ -98,8 +99,9 @@ class LocalSGD:
     def begin_step(self) -> None:
         """Before a local step's forward: the period's anchor (and a checkpoint's local tensors)."""
         self.model.begin()
-        if self._board is not None:  # a resumed count, before peers look
-            self._board.publish(self.syncs, self.count)
+        if self._board is not None and self._resumed:  # the resumed counts, before any rank looks
+            self._board.arrive(self.syncs, self.count)
+            self._resumed = False
 
     def clip(self) -> None:
         norm = self.config.local_clip_norm
@@ -229,6 +231,9 @@ class LocalSGD:
         self.exchange.load_state_dict(state.get("exchange") or {})
         if self._board is not None:  # a new store prefix (restart) or a new controller: nothing published yet
             self._board.published = 0
+            # NOTE: every rank restores alike (a collective resume), so every rank arrives at its next
+            # local step or join; a peer then never reads this counter before the resumed count is in it
+            self._resumed = True
         self.model.load_state_dict(state)
 
     def anchor_state(self, module_state: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Keys of period p, under the hybrid controller's own prefix (:func:`job_store`):
 
 * ``p/<rank>``: the rank's local steps so far this period (it adds to it after each step);
 * ``p/go``: set by the first rank that reached the period H itself, or that leads a peer by
-  ``max_staleness`` steps; every rank checks it after each of its steps and syncs once it is set.
+  ``max_staleness`` steps; every rank checks it after each of its steps and syncs once it is set;
+* ``p/in<rank>``: after a restore, set once the rank's resumed count is in ``p/<rank>``
+  (:meth:`PeriodStore.arrive`: no rank looks at a peer's counter before every rank's is there).
 
 A rank whose data ran out waits here for an active rank to end the period; a peer whose counter
 stops moving for ``stall_timeout_s`` is an error, not a hang.
@@ -44,6 +46,24 @@ class PeriodStore:
             self.store.add(self._key(period, self.rank), count - self.published)
             self.published = count
 
+    def arrive(self, period: int, count: int) -> None:
+        """After a restore, before this rank's first local step (or join): publish its resumed
+        ``count``, then wait until every rank did (a store barrier, once per restore; every rank
+        restores alike). Without it a peer that already stepped could read this counter before
+        the resumed count is in it, take it for 0 and end the period early by the staleness bound."""
+        self.publish(period, count)
+        self.store.set(self._key(period, f"in{self.rank}"), "1")
+        keys = [self._key(period, f"in{r}") for r in range(self.world_size)]
+        since = time.monotonic()
+        while not self.store.check(keys):
+            if time.monotonic() - since > self.stall_timeout_s:
+                missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+                raise StallError(f"hetero: rank {self.rank} resumed and waited more than stall_timeout_s="
+                                 f"{self.stall_timeout_s:g} s for rank(s) {missing} to resume period {period} "
+                                 "(their first local step after the restore); they are frozen or gone, or "
+                                 "did not load the same checkpoint")
+            time.sleep(0.01)
+
     def steps_of(self, period: int, rank: int) -> int:
         # NOTE: add(key, 0) reads a peer's counter without waiting for it to exist
         return self.store.add(self._key(period, rank), 0)
@@ -75,6 +95,7 @@ class PeriodStore:
             self.store.delete_key(self._key(period, self.rank))
             if self.rank == 0:
                 self.store.delete_key(self._key(period, "go"))
+            self.store.delete_key(self._key(period, f"in{self.rank}"))  # if it restored in this period
 
     @staticmethod
     def _key(period: int, name: Any) -> str:
