@@ -56,7 +56,7 @@ class IndexAgreement:
         self.process_group = process_group
         self.rounds: dict[int, int] = {}  # key -> proposals so far; its leader is that mod W
         self.agreed: dict[int, torch.Tensor] = {}  # key -> (K,) int64, by the leader's |value|, descending
-        self._pending: list[tuple[_Sent, list[int]]] = []  # proposals on the wire, with their keys
+        self._pending: list[_Sent] = []  # proposals on the wire
         self.last_bytes_sent = 0  # index broadcasts of the last call, as a ring moves them
 
     # ---- the two halves of a call ------------------------------------------------------------
@@ -80,7 +80,7 @@ class IndexAgreement:
         chosen = [j for j, s in enumerate(sparse) if s]
         for j in chosen:
             self.rounds[keys[j]] = self.rounds.get(keys[j], 0) + 1
-        self._pending.extend((sent, sent.keys) for sent in self._broadcasts(keys, chosen, caps, residual_of))
+        self._pending.extend(self._broadcasts(keys, chosen, caps, residual_of))
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -98,7 +98,7 @@ class IndexAgreement:
 
     def collect(self) -> None:
         """Take in the proposals of earlier calls (delivered by now, in the normal case)."""
-        for sent, _ in self._pending:
+        for sent in self._pending:
             for key, idx in sent.wait_all():
                 self.agreed[key] = idx
         self._pending.clear()
