@@ -5,6 +5,8 @@ No batch statistics in the model, so hetero steps equal one-process steps to fp3
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -60,3 +62,15 @@ def one_process_sgd(
             sched.step()
         net.lrs.append(opt.param_groups[0]["lr"])
     return net
+
+
+def weighted_reference(ref: nn.Module, x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """Σ_r b_r g_r / G: each rank's mean-loss gradient on its slice of (x, y), weighted by its share."""
+    grads = [torch.zeros_like(p) for p in ref.parameters()]
+    for r in range(len(sizes)):
+        lo = sum(sizes[:r])
+        local = copy.deepcopy(ref)
+        nn.functional.mse_loss(local(x[lo:lo + sizes[r]]), y[lo:lo + sizes[r]]).backward()
+        for g, p in zip(grads, local.parameters()):
+            g += p.grad * sizes[r] / sum(sizes)
+    return grads

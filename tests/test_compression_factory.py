@@ -34,9 +34,10 @@ _WEIGHTED = torch.tensor([1.0, -2.0, 0.5, 2.0, -4.0, 1.0, 1.0 + 2**-9, -0.5, 0.1
 
 
 def _factory_steps(method: str, steps: int, **flat) -> tuple[object, list[torch.Tensor]]:
-    state, hook = build_comm_hook(HeteroConfig.from_flat(compression=method, **flat))
-    assert hook.__name__ not in ("bf16_compress_hook",)  # DDP refuses that name off CUDA
     params = [torch.zeros(2, 3), torch.zeros(3)]
+    # auto measures the model (a one-rank world: it exchanges densely)
+    state, hook = build_comm_hook(HeteroConfig.from_flat(compression=method, **flat), model=torch.nn.ParameterList(params))
+    assert hook.__name__ not in ("bf16_compress_hook",)  # DDP refuses that name off CUDA
     outs = []
     for _ in range(steps):
         state.set_local_batch(1, 4)

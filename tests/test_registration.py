@@ -13,7 +13,7 @@ assert not {lazy} or "lightning" not in sys.modules, "import hetero_strategy imp
 {second}
 import lightning as L
 from lightning.pytorch.strategies import StrategyRegistry
-assert {{"hetero", "hetero_topk", "hetero_topk_allreduce", "hetero_tiered", "hetero_spawn"}} <= set(StrategyRegistry), list(StrategyRegistry)
+assert {{"hetero", "hetero_topk", "hetero_topk_allreduce", "hetero_auto", "hetero_tiered", "hetero_spawn"}} <= set(StrategyRegistry), list(StrategyRegistry)
 trainer = L.Trainer(strategy="hetero", accelerator="cpu", devices=1, logger=False)
 print(type(trainer.strategy).__name__)
 """

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from dist_utils import init_gloo, run_distributed
+from oracle import weighted_reference
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -42,17 +43,6 @@ def test_bad_tier_codecs_fail_at_construction(overrides, method, message) -> Non
         CompressionConfig(method=method, tier_overrides=overrides)
 
 
-def _weighted_reference(ref: nn.Module, x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    grads = [torch.zeros_like(p) for p in ref.parameters()]
-    for r in range(len(sizes)):
-        lo = sum(sizes[:r])
-        local = copy.deepcopy(ref)
-        nn.functional.mse_loss(local(x[lo:lo + sizes[r]]), y[lo:lo + sizes[r]]).backward()
-        for g, p in zip(grads, local.parameters()):
-            g += p.grad * sizes[r] / sum(sizes)
-    return grads
-
-
 def _worker(rank: int, world: int) -> None:
     init_gloo(rank, world)
     tiers = ["ib", "eth1g"]
@@ -73,7 +63,7 @@ def _worker(rank: int, world: int) -> None:
         state.set_local_batch(sizes[rank], 8)
         model.zero_grad()
         nn.functional.mse_loss(model(x[lo:lo + sizes[rank]]), y[lo:lo + sizes[rank]]).backward()
-        for p, want in zip(model.parameters(), _weighted_reference(ref, x, y, sizes)):
+        for p, want in zip(model.parameters(), weighted_reference(ref, x, y, sizes)):
             # fp32 Gram-Schmidt leaves ~1e-5 relative; weighting by 1/W instead of b_r/G would be ~25%
             error = float((p.grad - want).norm() / want.norm())
             assert error < (1e-6 if step < 2 else 1e-3), f"step {step}: relative error {error:.2e}"

@@ -12,8 +12,9 @@ __all__ = ["COMPRESSION_METHODS", "TIERS", "TIER_CODECS", "CompressionConfig"]
 
 TIERS = ("nvlink", "ib", "eth10g", "eth1g")
 # NOTE: new methods go last: the wizard lists them in this order, and scripted answers pick by position
-COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powersgd", "topk_allreduce")
+COMPRESSION_METHODS = ("none", "topk", "tiered", "onebit", "fp16", "bf16", "powersgd", "topk_allreduce", "auto")
 _TOPK = ("topk", "topk_allreduce", "tiered")  # the methods of the Top-K exchange
+_TOPK_OR_AUTO = (*_TOPK, "auto")  # auto applies Top-K-only options when it picks a Top-K codec
 # what one tier's exchange may run (tier_overrides.<tier>.codec): the slowest tier's decides
 TIER_CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd", "onebit")
 
@@ -23,9 +24,11 @@ class CompressionConfig:
     """Gradient compression in the DDP comm hook (docs/design.md semantics 6-8); see docs/compression.md."""
 
     method: str = "none"
-    """One of none, topk, topk_allreduce, tiered, onebit, fp16, bf16, powersgd. topk_allreduce sends
-    every rank's values at one agreed index set, summed by one all-reduce: its bytes per rank do
-    not grow with the world size (topk's all-gather does)."""
+    """One of none, topk, topk_allreduce, tiered, onebit, fp16, bf16, powersgd, auto. topk_allreduce
+    sends every rank's values at one agreed index set, summed by one all-reduce: its bytes per rank
+    do not grow with the world size (topk's all-gather does). auto measures the link and each
+    codec's cost on this model when the hook is built and picks the codec with its density or
+    rank (docs/choosing-compression.md); the decision is logged and checkpointed."""
     base_density: float = 0.05
     """Fraction of gradient entries sent at the start of the cosine schedule (times the tier's factor)."""
     min_density: float | None = None
@@ -126,12 +129,12 @@ class CompressionConfig:
         if self.pipeline_stages != "auto" and (isinstance(self.pipeline_stages, bool) or not isinstance(
                 self.pipeline_stages, int) or not 1 <= self.pipeline_stages <= 8):
             _fail("pipeline_stages", self.pipeline_stages, "use auto or an integer from 1 (no pipelining) to 8")
-        if self.pipeline_stages != "auto" and self.method not in _TOPK:
+        if self.pipeline_stages != "auto" and self.method not in _TOPK_OR_AUTO:
             _fail("pipeline_stages", self.pipeline_stages, f"stages chunk the Top-K exchange of {', '.join(_TOPK)}, "
                   f"not compression={self.method!r}; drop pipeline_stages")
         if not isinstance(self.side_streams, bool):
             _fail("side_streams", self.side_streams, "must be true or false")
-        if self.side_streams and self.method not in (*_TOPK, "onebit"):
+        if self.side_streams and self.method not in (*_TOPK_OR_AUTO, "onebit"):
             _fail("side_streams", self.side_streams,
                   f"side streams run the codec of {', '.join(_TOPK)} or onebit, not compression={self.method!r}")
         self._check_int("powersgd_rank", self.powersgd_rank, 1, "PowerSGD needs a rank of at least 1 (e.g. 4)")
@@ -142,8 +145,9 @@ class CompressionConfig:
                   f"deferring communication is only offered for compression='none', not {self.method!r}")
         if not isinstance(self.hierarchical, bool):
             _fail("hierarchical", self.hierarchical, "must be true or false")
-        if self.hierarchical and self.method not in _TOPK:
-            _fail("hierarchical", self.hierarchical, f"works with compression={' or '.join(map(repr, _TOPK))} only")
+        if self.hierarchical and self.method not in _TOPK_OR_AUTO:
+            _fail("hierarchical", self.hierarchical,
+                  f"works with compression={' or '.join(map(repr, _TOPK_OR_AUTO))} only")
         self._check_fast_groups()
 
     @property
@@ -197,7 +201,8 @@ class CompressionConfig:
                     if v not in TIER_CODECS:
                         _fail(where, v, f"choose one of {', '.join(TIER_CODECS)}")
                     if self.method != "tiered":
-                        _fail(where, v, f"a tier's codec applies to compression='tiered', not {self.method!r}")
+                        _fail(where, v, f"a tier's codec applies to compression='tiered', not {self.method!r}"
+                              + ("; auto chooses the codec itself: drop the codec" if self.method == "auto" else ""))
                 elif key == "rank":
                     self._check_int(where, v, 1, "PowerSGD's approximation rank, e.g. 4")
                 else:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import COMPRESSION_METHODS, CompressionConfig, HeteroConfig
+from hetero_strategy.hooks.auto_state import AutoState, auto_hook
 from hetero_strategy.hooks.baselines import (
     CastState,
     PowerSGDBaselineState,
@@ -45,7 +46,17 @@ _BUILDERS: dict[str, _Builder] = {
         powersgd_weighted_hook,
     ),
 }
-assert set(_BUILDERS) == set(COMPRESSION_METHODS), "every configured method needs a builder"
+
+
+def _auto(cfg: CompressionConfig, pg: Any, steps: MaxSteps, model: Any, announce: Any) -> tuple[AutoState, Callable]:
+    """compression="auto": measure, decide, and build the decided method's state (collective)."""
+    def builder(derived: CompressionConfig) -> tuple[WeightedReduceState, Callable]:
+        return _BUILDERS[derived.method](derived, pg, steps)
+
+    return AutoState(cfg, pg, model=model, builder=builder, announce=announce), auto_hook
+
+
+assert set(_BUILDERS) | {"auto"} == set(COMPRESSION_METHODS), "every configured method needs a builder"
 
 
 def _tiered(state: CompressedState, cfg: CompressionConfig, pg: Any) -> tuple[WeightedReduceState, Callable]:
@@ -69,14 +80,19 @@ def _tiered(state: CompressedState, cfg: CompressionConfig, pg: Any) -> tuple[We
 
 
 def build_comm_hook(
-    config: HeteroConfig, process_group: dist.ProcessGroup | None = None, max_steps: MaxSteps = None
-) -> tuple[WeightedReduceState, Callable]:
+    config: HeteroConfig, process_group: dist.ProcessGroup | None = None, max_steps: MaxSteps = None,
+    *, model: Any = None, announce: Callable[[str], None] | None = None,
+) -> tuple[Any, Callable]:
     """(state, hook) for ``ddp.register_comm_hook``.
 
     ``max_steps`` is the run's length, the period of the density schedule when
     ``density_period`` is None: an int, or a callable read at the first compressed step (for a
     length known only once the data is set up). Collective for ``tiered`` (the ranks exchange
-    their tiers): call it on every rank.
+    their tiers) and ``auto`` (which measures): call it on every rank. ``auto`` needs ``model``
+    (the DDP model: its parameter shapes and bucket cap) and says its decision to ``announce``
+    on rank 0.
     """
     cfg = config.compression
+    if cfg.method == "auto":
+        return _auto(cfg, process_group, max_steps, model, announce)
     return _BUILDERS[cfg.method](cfg, process_group, max_steps)

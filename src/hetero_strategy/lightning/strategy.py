@@ -15,8 +15,7 @@ Lifecycle (each step is a small override of ``DDPStrategy`` that calls ``super()
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
-Its parts are held, not inherited, and the overrides call them: the runtime (built per run), and
-from ``hetero_strategy.lightning``: LoaderPlacement, CheckpointFormats and HybridLoop.
+Its parts are held, not inherited: the runtime (per run), LoaderPlacement, CheckpointFormats, HybridLoop.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ class HeteroStrategy(DDPStrategy):
         probe_steps: timed steps per batch size in the start-up probe.
         seed: the sampler's shuffle seed (default: 0).
         calibrate: keep moving the batch shares toward equal finishing times while training.
-        compression: the comm hook: none, topk, topk_allreduce, tiered, onebit, fp16, bf16 or powersgd.
+        compression: the comm hook: none, topk, topk_allreduce, tiered, onebit, fp16, bf16, powersgd or auto.
         precision_policy: per-rank autocast dtype: "auto", one dtype name, a per-rank list or a mapping.
         state_dict_type: "full" (Lightning's single checkpoint file, written by rank 0) or "sharded"
             (a directory: every rank writes its own shard asynchronously; see docs/reliability.md).
@@ -137,6 +136,7 @@ class HeteroStrategy(DDPStrategy):
                 ("hetero", "Heterogeneous-cluster DDP (capacity-sized batches)", {}),
                 ("hetero_topk", "hetero with Top-K compression and error feedback", {"compression": "topk"}),
                 ("hetero_topk_allreduce", "hetero, Top-K at shared indices", {"compression": "topk_allreduce"}),
+                ("hetero_auto", "hetero, codec chosen by measurement", {"compression": "auto"}),
                 ("hetero_tiered", "hetero with per-link-tier compression", {"compression": "tiered"}),
                 ("hetero_spawn", "hetero with start_method='spawn'", {"start_method": "spawn"})):
             strategy_registry.register(name, cls, description=description, **options)

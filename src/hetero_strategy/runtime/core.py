@@ -100,7 +100,8 @@ class HeteroRuntime:
         ``max_steps`` is the run's length for the density schedule: an int, or a callable read at
         the first compressed step (when the length is known only once the data is set up).
         """
-        hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps)
+        hook_state, hook = build_comm_hook(self.config, process_group, max_steps=max_steps, model=ddp_model,
+                                           announce=self._info)
         self.state.attach(hook=hook_state)
         ddp_model.register_comm_hook(hook_state, self.gate.guard.wrap_hook(hook))
         self.training.attach(ddp_model)
@@ -221,7 +222,8 @@ class HeteroRuntime:
 
     def metrics(self) -> dict[str, float]:
         """Every rank's batch size, compute and step time, speed, balance and hook figures (collective)."""
-        names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received"}
+        names = {"density": "density", "last_bytes_sent": "bytes_sent", "last_bytes_received": "bytes_received",
+                 "auto_predicted_ms": "auto_predicted_ms"}
         extra = {label: getattr(self.hook_state, attr) for attr, label in names.items()
                  if isinstance(getattr(self.hook_state, attr, None), (int, float))}
         # hybrid: phase, period, the last sync's steps and weights (no collective)

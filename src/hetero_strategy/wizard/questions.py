@@ -86,6 +86,7 @@ _COMPRESSION_TITLES = {
     "fp16": "fp16: half-precision gradients",
     "bf16": "bf16: bfloat16 gradients",
     "powersgd": "powersgd: PowerSGD low-rank baseline",
+    "auto": "auto: measure the link and each codec on this model, pick the fastest to accuracy",
 }
 
 QUESTIONS: list[Question] = [
