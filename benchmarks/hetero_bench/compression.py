@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,11 +42,18 @@ _WORKER = "compression_worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
     parser.add_argument("--link", type=rate, default="100mbit", help="slow link rate (step time and time to accuracy)")
-    parser.add_argument("--rounds", type=count(1), default=10, help="timed steps per method (alternating)")
-    parser.add_argument("--steps", type=count(1), default=200, help="time-to-accuracy step budget")
+    parser.add_argument("--ranks", type=int, choices=(2, 4), default=2,
+                        help="2 ranks on --link, or 4 on bench balance's mixed cluster (hetero batch sizes)")
+    parser.add_argument("--unthrottled", action="store_true", help="2 ranks on loopback: no link limit")
+    parser.add_argument("--rounds", type=count(0), default=5,
+                        help="ResNet-18 timed steps per method (alternating; 2 ranks; 0 skips them)")
+    parser.add_argument("--steps", type=count(1), default=2000, help="time-to-accuracy step budget")
+    parser.add_argument("--eval-every", type=count(1), default=25, help="held-out evaluation every N steps")
+    parser.add_argument("--batch", type=count(1), default=32, help="mean batch per rank")
     parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")
     parser.add_argument("--target", type=number(0.0, 1.0, what="an accuracy"), default=0.95, help="digits held-out accuracy to reach")
-    parser.add_argument("--lr", type=number(what="a learning rate"), default=0.05, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--lr", type=number(what="a learning rate"), default=0.003, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--timeout", type=number(1.0, what="seconds"), default=7200.0, help="time-to-accuracy limit")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
     parser.add_argument("--simulate-link", action="store_true",
                         help="no namespaces: slow-link time = unthrottled compute + the hook's bytes / link rate "
@@ -60,13 +66,14 @@ def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    cmd = [*(argv or worker(_WORKER)), *args]  # NOTE: first: worker() puts benchmarks/ on PYTHONPATH
     procs = []
     for r in range(2):
         e = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2",
                  LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         e.pop("HETERO_TIER", None)
         e.update(env or {})
-        procs.append(subprocess.Popen([*(argv or worker(_WORKER)), *args], env=e, preexec_fn=die_with_parent))  # noqa: PLW1509
+        procs.append(subprocess.Popen(cmd, env=e, preexec_fn=die_with_parent))  # noqa: PLW1509
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:
@@ -78,162 +85,112 @@ def _local(args: list[str], timeout: float, env: dict[str, str] | None = None,
                 p.wait()
 
 
-def _emulated(args: list[str], link: str, timeout: float) -> None:
+def _emulated(args: list[str], compute: list[float], links: list[str], timeout: float) -> None:
     from hetero_strategy.emulate import EmulatedCluster
 
-    with EmulatedCluster(compute=[1.0, 1.0], links=[link, link]) as cluster:
+    with EmulatedCluster(compute=compute, links=links) as cluster:
         result = cluster.run([*worker(_WORKER), *args], timeout=timeout)
     if not result.ok:
         raise RuntimeError(f"emulated bench failed (rc {result.returncode}):\n" + "\n".join(result.outputs)[-3000:])
 
 
-def _spread(xs: list[float]) -> list[float]:
-    return [min(xs), max(xs)]
-
-
-def _summarise(slow: dict, fast: dict, conv: dict, link: str, computed: bool) -> dict:
-    """Per method: step times (medians, spread), bytes, and the end-to-end convergence figures."""
-    methods = {}
-    for m, timing in slow.items():
-        if m.startswith("_"):
-            continue
-        steps = timing["step_s"]
-        if computed:  # unthrottled compute + the hook's bytes over the link rate, round by round
-            steps = [t + b * 8 / parse_rate(link) for t, b in zip(fast[m]["step_s"], fast[m]["bytes"])]
-        runs = conv[m]
-        reached = [r["time_to_target_s"] for r in runs]
-        methods[m] = {
-            "step_time_s": statistics.median(steps),
-            "step_time_spread_s": _spread(steps),
-            "bytes_per_step": statistics.median(timing["bytes"]),
-            "wire_bytes_per_step": None if computed else statistics.median(timing["wire_bytes"]),
-            "density": statistics.mean(timing["density"]),
-            "unthrottled_step_time_s": statistics.median(fast[m]["step_s"]),
-            "unthrottled_step_time_spread_s": _spread(fast[m]["step_s"]),
-            "accuracy": statistics.mean(r["accuracy"] for r in runs),
-            "accuracy_per_seed": [r["accuracy"] for r in runs],
-            "steps_to_target": None if None in reached else statistics.mean(r["steps_to_target"] for r in runs),
-            "steps_to_target_per_seed": [r["steps_to_target"] for r in runs],
-            "time_to_target_s": None if None in reached else statistics.median(reached),
-            "time_to_target_per_seed_s": reached,
-            "e2e_step_time_s": statistics.median(r["step_time_s"] for r in runs),
-            "e2e_hook_bytes_per_step": statistics.median(r["hook_bytes_per_step"] for r in runs),
-            "e2e_wire_bytes_per_step": None if computed else statistics.median(r["wire_bytes_per_step"] for r in runs),
-            "e2e_dense_steps_per_seed": [r["dense_steps"] for r in runs],
-            "dense_fallback": statistics.mean(timing.get("dense_fallback", [0.0])),
-        }
-    return methods
-
-
-def _ratios(methods: dict, fast: dict) -> dict:
-    d, out = methods["dense_fp32"], {}
-    if "topk" in methods:
-        out["topk_speedup_vs_dense"] = d["step_time_s"] / methods["topk"]["step_time_s"]
-        out["topk_speedup_vs_fp16"] = methods["fp16"]["step_time_s"] / methods["topk"]["step_time_s"]
-    for name in ("topk", "topk_allreduce", "tiered"):
-        if name not in methods:
-            continue
-        # per round: the methods alternate step by step, so each round's ratio shares its moment
-        per_round = [a / b - 1 for a, b in zip(fast[name]["step_s"], fast["dense_fp32"]["step_s"])]
-        out[f"{name}_unthrottled_overhead"] = statistics.median(per_round)
-        out[f"{name}_unthrottled_overhead_spread"] = _spread(per_round)
-        t = methods[name]
-        for base in ("powersgd", "dense_fp32", "fp16"):
-            if t["time_to_target_s"] is not None and methods.get(base, {}).get("time_to_target_s"):
-                out[f"{name}_time_to_target_vs_{base}"] = t["time_to_target_s"] / methods[base]["time_to_target_s"]
-        out[f"{name}_accuracy_minus_dense_points"] = 100 * (t["accuracy"] - d["accuracy"])
-    return out
-
-
-def _chart(methods: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(methods)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    panels = [("step_time_s", "step time on the slow link (s)"), ("bytes_per_step", "MB sent per rank per step"),
-              ("time_to_target_s", "time to target accuracy (s)")]
-    for ax, (key, title) in zip(axes, panels):
-        vals = [(methods[n][key] or 0) / (1e6 if key == "bytes_per_step" else 1) for n in names]
-        ax.bar(names, vals, color=["#777", "#999", "#c84", "#48c", "#a4c", "#2a6", "#6c6"][: len(names)])
-        ax.set_title(title + " (log)", fontsize=10)
-        ax.set_yscale("log")
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+MIXED = {"compute": [0.5, 0.45, 0.3, 0.25], "links": ["10gbit", "10gbit", "1gbit", "100mbit"]}  # bench balance's
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero_bench.compression_worker import METHODS
+    from hetero_bench.compression_summary import chart, goals, ratios, summarise
+    from hetero_bench.compression_worker import ALIASES, METHODS
 
-    unknown = [m for m in args.methods or () if m not in METHODS]
-    if unknown or (args.methods and "dense_fp32" not in args.methods):
-        print(f"bench compression: --methods={' '.join(args.methods)!r} is invalid: "
+    picked = [ALIASES.get(m, m) for m in args.methods or METHODS]
+    unknown = [m for m in picked if m not in METHODS]
+    if unknown or "ddp" not in picked:
+        print(f"bench compression: --methods={' '.join(args.methods or ())!r} is invalid: "
               f"{f'{unknown[0]!r} is unknown; ' if unknown else ''}choose from {', '.join(METHODS)}, "
-              "including dense_fp32 (every ratio is against it)", file=sys.stderr)
+              "including ddp (every ratio is against it)", file=sys.stderr)
+        return 2
+    if args.ranks == 4 and (args.unthrottled or args.simulate_link):
+        print("bench compression: --ranks 4 runs bench balance's mixed cluster (emulated links); "
+              "drop --unthrottled/--simulate-link", file=sys.stderr)
         return 2
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    picked = ["--methods", *(args.methods or METHODS)]
+    methods_arg = ["--methods", *picked]
     conv_args = ["--steps", str(args.steps), "--seeds", str(args.seeds), "--target", str(args.target),
-                 "--lr", str(args.lr), *picked]
+                 "--lr", str(args.lr), "--eval-every", str(args.eval_every), "--batch", str(args.batch), *methods_arg]
+    if args.ranks == 4:
+        compute, links = MIXED["compute"], MIXED["links"]
+        conv_args.append("--hetero-batches")
+    else:
+        compute, links = [1.0, 1.0], [args.link, args.link]
+    slow_r = fast_r = None
     with tempfile.TemporaryDirectory() as tmp:
         slow, fast, conv = (os.path.join(tmp, f) for f in ("slow.json", "fast.json", "conv.json"))
-        print("bench compression: unthrottled step time (loopback) ...", flush=True)
-        _local(["steptime", "--out", fast, "--rounds", str(args.rounds), *picked], timeout=900)
+        if args.rounds and args.ranks == 2:  # ResNet-18 step times, methods alternating step by step
+            print("bench compression: unthrottled step time (loopback) ...", flush=True)
+            _local(["steptime", "--out", fast, "--rounds", str(args.rounds), *methods_arg], timeout=1800)
+            fast_r = json.loads(Path(fast).read_text())
+            if not (args.simulate_link or args.unthrottled):
+                print(f"bench compression: step time on {args.link} (emulated namespaces) ...", flush=True)
+                _emulated(["steptime", "--out", slow, "--rounds", str(args.rounds), *methods_arg], compute, links,
+                          timeout=1800)
+                slow_r = json.loads(Path(slow).read_text())
+        where = "loopback" if args.unthrottled else f"{','.join(links)} (emulated namespaces)"
+        print(f"bench compression: time to accuracy, {args.ranks} ranks, {where} ...", flush=True)
         if args.simulate_link:
-            print(f"bench compression: time to accuracy, {args.link} computed (loopback) ...", flush=True)
             _local(["converge", "--out", conv, *conv_args, "--no-fallback", "--charge-link",
-                    str(parse_rate(args.link))], timeout=1800, env={"HETERO_TIER": "eth1g"})
+                    str(parse_rate(args.link))], timeout=args.timeout, env={"HETERO_TIER": "eth1g"})
+        elif args.unthrottled:
+            _local(["converge", "--out", conv, *conv_args], timeout=args.timeout)
         else:
-            print(f"bench compression: step time on {args.link} (emulated namespaces) ...", flush=True)
-            _emulated(["steptime", "--out", slow, "--rounds", str(args.rounds), *picked], args.link, timeout=900)
-            print(f"bench compression: time to accuracy on {args.link} (emulated namespaces) ...", flush=True)
-            _emulated(["converge", "--out", conv, *conv_args], args.link, timeout=1800)
-        fast_r = json.loads(Path(fast).read_text())
-        slow_r = fast_r if args.simulate_link else json.loads(Path(slow).read_text())
+            _emulated(["converge", "--out", conv, *conv_args], compute, links, timeout=args.timeout)
         conv_r = json.loads(Path(conv).read_text())
-    methods = _summarise(slow_r, fast_r, conv_r, args.link, computed=args.simulate_link)
+    methods = summarise(conv_r, slow_r or fast_r, fast_r)
+    r = ratios(methods)
+    setup = conv_r["_setup"]
+    dense_step = methods["ddp"]["e2e_step_time_s"]
     result = {
         "methods": methods,
-        "ratios": _ratios(methods, fast_r),
+        "ratios": r,
+        "goals": goals(methods, r, args.ranks, args.unthrottled),
         "setup": {
-            "link": args.link,
+            "ranks": args.ranks, "compute": compute, "links": "loopback" if args.unthrottled else links,
+            "link": "loopback" if args.unthrottled else args.link,
             "slow_link_timing": "computed: unthrottled step + bytes/rate" if args.simulate_link
-            else "measured on emulated tbf links (network namespaces)",
-            "tier_on_slow_link": slow_r.get("_tier"), "tier_unthrottled": fast_r.get("_tier"),
+            else "loopback (unthrottled)" if args.unthrottled else "measured on emulated tbf links (network namespaces)",
+            "batch_sizes": {"ddp methods": setup["equal_batch_sizes"], "hetero methods": setup["hetero_batch_sizes"]},
+            "compute_step_s": setup["compute_step_s"],
+            # the dense step's communication share: what the slowest rank's compute leaves of it
+            "dense_comm_fraction": 1.0 - max(setup["compute_step_s"]) / dense_step,
             "steptime_model": "torchvision resnet18, 32x32, batch 32/rank, 2 ranks, 1 CPU thread each; "
-                              "topk: base_density 0.01 constant, 1 dense warm-up step",
-            "convergence": f"CNN 283k parameters on sklearn digits, SGD lr {args.lr} momentum 0.9, batch 32/rank, "
-                           f"{args.steps} steps, {args.seeds} seeds, target {args.target}, measured end to end on "
-                           f"the {'computed' if args.simulate_link else 'emulated'} {args.link} link; topk and tiered "
-                           "with the config defaults (topk: base_density 0.01 constant)",
+                              "topk: base_density 0.01 constant, 1 dense warm-up step" if args.rounds else None,
+            "convergence": f"CNN 283k parameters on sklearn digits, SGD lr {args.lr} momentum 0.9, batch "
+                           f"{args.batch}/rank mean, {args.steps} steps, {args.seeds} seeds (methods alternate "
+                           f"within each seed), target {args.target}, evaluated every {args.eval_every} steps; "
+                           "topk/topk_allreduce at density 0.01 constant, tiered and auto with the config defaults",
             "rounds": args.rounds,
-            "statistics": "times are medians; *_spread are [min, max]; overheads are per-round ratios",
+            "statistics": "times are medians over seeds; *_spread are [min, max]; ratios are of medians",
         },
     }
     out.write_text(json.dumps(result, indent=2))
-    _chart(methods, out.with_suffix(".png"))
-    _print(methods, result["ratios"])
+    chart(methods, out.with_suffix(".png"), f"bench compression: {args.ranks} ranks, {where}, target {args.target}")
+    _print(methods, r, result["goals"])
     return 0
 
 
-def _print(methods: dict, ratios: dict) -> None:
+def _print(methods: dict, ratios: dict, goals: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="bench compression")
-    for col in ("method", "step s", "MB/step (hook)", "MB/step (wire)", "fast step s", "accuracy",
-                "steps→target", "time→target s"):
+    for col in ("method", "ranks", "kB/step (wire)", "step s", "accuracy", "steps→target", "time→target s [min, max]"):
         table.add_column(col)
     for m, v in methods.items():
-        wire = "-" if v["wire_bytes_per_step"] is None else f"{v['wire_bytes_per_step'] / 1e6:.2f}"
-        table.add_row(m, f"{v['step_time_s']:.3f}", f"{v['bytes_per_step'] / 1e6:.2f}", wire,
-                      f"{v['unthrottled_step_time_s']:.3f}", f"{v['accuracy']:.3f}", str(v["steps_to_target"]),
-                      "-" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.1f}")
+        spread = v["time_to_target_spread_s"]
+        table.add_row(m, str(v["world_size"]), f"{v['wire_bytes_per_step'] / 1e3:.1f}", f"{v['e2e_step_time_s']:.3f}",
+                      f"{v['accuracy']:.3f}", str(v["steps_to_target"]),
+                      "-" if v["time_to_target_s"] is None
+                      else f"{v['time_to_target_s']:.1f} [{spread[0]:.1f}, {spread[1]:.1f}]")
     console = Console()
     console.print(table)
-    console.print({k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3) for k, v in ratios.items()})
+    console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratios.items()})
+    console.print(goals)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -54,40 +55,43 @@ def _digits():
     return (*train.tensors, *test.tensors)  # xtr, ytr, xte, yte
 
 
-def _was_dense(method: str, state) -> bool:
+def _was_dense(state) -> bool:
     """Whether the step just taken sent dense fp32 gradients (warm-up, periodic sync)."""
-    if method == "powersgd":
-        return state.powersgd.iter <= state.powersgd.start_powerSGD_iter  # iter counts after the hook
+    psgd = getattr(state, "powersgd", None)  # torch's PowerSGD state, chosen or by auto
+    if psgd is not None:
+        return psgd.iter <= psgd.start_powerSGD_iter  # iter counts after the hook
     modes = getattr(state, "last_modes", None)
     return bool(modes) and all(m in ("warmup", "dense", "dense_fallback") for m in modes.values())
 
 
-def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook) -> dict:
+def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook, sizes: list[int]) -> dict:
+    """One training of ``method``: rank r takes ``sizes[r]`` samples of each global batch."""
     xtr, ytr, xte, yte = data
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     net = make_cnn()
     dist.barrier()
     clock, tx0 = time.perf_counter(), interface_tx_bytes()
-    state, hook, cap = make_hook(method, steps=args.steps, tiers=None)
+    state, hook, cap = make_hook(method, steps=args.steps, tiers=None, model=net)
     model = DDP(net, bucket_cap_mb=cap)
     model.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     gen = torch.Generator().manual_seed(seed)
-    per_rank, order, pos = 32, torch.randperm(len(xtr), generator=gen), 0
+    order, pos, total, lo = torch.randperm(len(xtr), generator=gen), 0, sum(sizes), sum(sizes[:rank])
     trained, hook_bytes, charged, dense_steps = 0.0, 0, 0, 0
     reached = time_to_target = None
     curve = []
     for step in range(1, args.steps + 1):
-        if pos + per_rank * world > len(order):
+        if pos + total > len(order):
             order, pos = torch.randperm(len(xtr), generator=gen), 0
-        idx = order[pos + rank * per_rank: pos + (rank + 1) * per_rank]
-        pos += per_rank * world
+        idx = order[pos + lo: pos + lo + sizes[rank]]
+        pos += total
+        state.set_local_batch(sizes[rank], total)  # b_r / G: the weighted mean (1/W for equal sizes)
         opt.zero_grad()
         nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
         opt.step()
         hook_bytes += int(getattr(state, "last_bytes_sent", 0))
-        dense_steps += _was_dense(method, state)
+        dense_steps += _was_dense(state)
         if step % args.eval_every == 0:
             trained += time.perf_counter() - clock
             if args.charge_link:  # --simulate-link: the bytes' time on the link, computed
@@ -102,20 +106,65 @@ def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook) 
     return {"accuracy": curve[-1][1], "steps_to_target": reached, "time_to_target_s": time_to_target,
             "train_time_s": trained, "step_time_s": trained / args.steps, "hook_bytes_per_step": hook_bytes / args.steps,
             "wire_bytes_per_step": wire / args.steps, "dense_steps": dense_steps,
-            "dense_fallback": float(getattr(state, "dense_fallback", 0.0)), "curve": curve}
+            "dense_fallback": float(getattr(state, "dense_fallback", 0.0)), "curve": curve, "world_size": world,
+            "batch_sizes": sizes, "decision": _decision(state)}
+
+
+def _decision(state) -> dict | None:
+    """What compression="auto" chose (None for the fixed methods)."""
+    d = getattr(state, "decision", None)
+    return None if d is None else {"codec": d.codec, "density": d.density, "rank": d.rank,
+                                   "predicted_ms": d.predicted_ms, "tier": d.tier}
+
+
+def compute_step_s(data, batch: int, steps: int = 20) -> float:
+    """This rank's median step without any exchange (no DDP): forward, backward, SGD."""
+    xtr, ytr = data[0], data[1]
+    net = make_cnn()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    times = []
+    for i in range(steps + 2):
+        idx = torch.arange(i * batch, (i + 1) * batch) % len(xtr)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])  # the first steps warm allocations up
+
+
+def hetero_sizes(data, batch: int) -> list[int]:
+    """The global batch (batch x world) split by every rank's measured speed, as hetero sizes it:
+    per-sample cost from two batch sizes (the project's probe fit), shares by capacity."""
+    from hetero_strategy.balance.probe import fit_step_cost
+    from hetero_strategy.balance.shares import split_batch_timed
+    from hetero_strategy.dist import all_gather_floats
+
+    cost = fit_step_cost([(b, compute_step_s(data, b, steps=10)) for b in (batch, max(1, batch // 2))])
+    rows = all_gather_floats([cost.samples_per_s, cost.fixed_s])
+    return split_batch_timed(batch * dist.get_world_size(), [r[0] for r in rows], [r[1] for r in rows])
 
 
 def converge(args: argparse.Namespace, make_hook) -> dict:
-    """{method: [per-seed result]} on every rank; wire bytes are the mean over ranks."""
+    """{method: [per-seed result]} on every rank; wire bytes are the mean over ranks. The hetero
+    methods take capacity-sized batches with ``hetero_batches``; "_setup" holds the sizes and
+    every rank's compute-only step (for the dense step's communication share)."""
+    from hetero_bench.compression_worker import HETERO
+    from hetero_strategy.dist import all_gather_floats
+
     data = _digits()
+    batch, world = getattr(args, "batch", 32), dist.get_world_size()
+    equal = [batch] * world
+    hetero = hetero_sizes(data, batch) if getattr(args, "hetero_batches", False) else equal
+    compute = [row[0] for row in all_gather_floats([compute_step_s(data, batch)])]
     # NOTE: one untimed run first: the first training in a process pays one-time costs (allocator,
     # gloo connections, lazy imports) that would otherwise land on whichever method runs first
     warm = argparse.Namespace(**{**vars(args), "steps": 2 * args.eval_every, "charge_link": None})
-    _run_one(args.methods[0], 0, warm, data, make_hook)
+    _run_one(args.methods[0], 0, warm, data, make_hook, equal)
     out: dict[str, list] = {m: [] for m in args.methods}
     for seed in range(args.seeds):
         for m in args.methods:
-            r = _run_one(m, seed, args, data, make_hook)
+            r = _run_one(m, seed, args, data, make_hook, hetero if m in HETERO else equal)
             wires = [None] * dist.get_world_size()
             dist.all_gather_object(wires, r["wire_bytes_per_step"])
             r["wire_bytes_per_step"] = sum(wires) / len(wires)
@@ -123,4 +172,5 @@ def converge(args: argparse.Namespace, make_hook) -> dict:
             if dist.get_rank() == 0:
                 print(f"converge {m} seed {seed}: acc {r['accuracy']:.3f}, target at {r['steps_to_target']} "
                       f"({r['time_to_target_s']}) s, {r['step_time_s']:.3f} s/step", flush=True)
+    out["_setup"] = {"hetero_batch_sizes": hetero, "equal_batch_sizes": equal, "compute_step_s": compute}
     return out

@@ -28,8 +28,8 @@ from hetero_strategy.dist import all_gather_floats
 __all__ = ["BENCH_METHOD", "main"]
 
 # the scaling codec -> the compression bench's method of the same hook
-BENCH_METHOD = {"dense": "dense_fp32", "fp16": "fp16", "topk": "topk", "topk_allreduce": "topk_allreduce",
-                "powersgd": "powersgd"}
+BENCH_METHOD = {"dense": "ddp", "fp16": "ddp_fp16", "topk": "topk", "topk_allreduce": "topk_allreduce",
+                "powersgd": "ddp_powersgd"}
 WARMUP_STEPS = 4  # dense warm-up (1), DDP's rebuild (after 1), PowerSGD's dense start (2)
 BUCKET_MB = 1000  # as few buckets as DDP allows (PowerSGD needs that on gloo); the model takes the layout
 

@@ -29,13 +29,25 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetero_bench._ranks import gloo_job
 from hetero_bench.compression_e2e import converge, interface_tx_bytes
-from hetero_strategy.config import CompressionConfig
-from hetero_strategy.hooks import CompressedState, PowerSGDBaselineState, powersgd_weighted_hook, topk_hook
+from hetero_strategy.config import CompressionConfig, HeteroConfig
+from hetero_strategy.hooks import (
+    CompressedState,
+    PowerSGDBaselineState,
+    build_comm_hook,
+    powersgd_weighted_hook,
+    topk_hook,
+)
 from hetero_strategy.hooks.weighted import WeightedReduceState, weighted_allreduce_hook
 
-__all__ = ["METHODS", "main", "make_hook"]
+__all__ = ["ALIASES", "HETERO", "METHODS", "main", "make_hook"]
 
-METHODS = ("dense_fp32", "fp16", "powersgd", "topk", "topk_allreduce", "tiered")
+# plain DDP, DDP + torch's fp16 hook, DDP + torch's PowerSGD (rank 4, and the ranks the best is
+# sought among), then this project's hooks; "auto" measures and picks when it is built
+METHODS = ("ddp", "ddp_fp16", "ddp_powersgd", "ddp_powersgd_r1", "ddp_powersgd_r2", "ddp_powersgd_r8",
+           "topk", "topk_allreduce", "tiered", "auto")
+#: the names earlier results and scripts use
+ALIASES = {"dense_fp32": "ddp", "fp16": "ddp_fp16", "powersgd": "ddp_powersgd"}
+HETERO = ("topk", "topk_allreduce", "tiered", "auto")  # the methods that take hetero batch sizes
 
 
 class _Counter(WeightedReduceState):
@@ -63,17 +75,24 @@ def _fp16_hook(state: _Counter, bucket):  # unannotated: postponed annotations i
 
 def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[str] | None = None,
               base_density: float | None = None, overrides: dict | None = None, fallback: bool = True,
-              min_density: float | None = None):
-    """(state, hook, bucket_cap_mb) of a benchmark method; None fields keep the config defaults."""
-    if method == "dense_fp32":
+              min_density: float | None = None, model: nn.Module | None = None):
+    """(state, hook, bucket_cap_mb) of a benchmark method (or an alias); None fields keep the
+    config defaults; ``auto`` measures ``model`` (collective)."""
+    method = ALIASES.get(method, method)
+    if method == "ddp":
         return WeightedReduceState(None), weighted_allreduce_hook, 25
-    if method == "fp16":
+    if method == "ddp_fp16":
         return _Counter(), _fp16_hook, 25
-    if method == "powersgd":
+    if method.startswith("ddp_powersgd"):
         # NOTE: one bucket: upstream PowerSGD chains all-reduces in callbacks and aborts on gloo
         # with several buckets (collective order differs across ranks)
-        return PowerSGDBaselineState(rank=4, start_iter=2), powersgd_weighted_hook, 1000
+        rank = int(method.rpartition("_r")[2]) if "_r" in method[len("ddp_powersgd"):] else 4
+        return PowerSGDBaselineState(rank=rank, start_iter=2), powersgd_weighted_hook, 1000
     fields: dict = {"dense_fallback": fallback}
+    if method == "auto":
+        state, hook = build_comm_hook(HeteroConfig.from_flat(compression="auto", **fields), model=model,
+                                      announce=lambda m: print(m, flush=True))
+        return state, hook, 25
     if warmup is not None:
         fields["dense_warmup_steps"] = warmup
     if method in ("topk", "topk_allreduce"):
@@ -95,8 +114,9 @@ def _steptime(args: argparse.Namespace, make_hook) -> dict:
     runs = {}
     for m in args.methods:
         torch.manual_seed(0)
-        state, hook, cap = make_hook(m, steps=1000, warmup=1)
-        model = DDP(resnet18(num_classes=10), bucket_cap_mb=cap)
+        net = resnet18(num_classes=10)
+        state, hook, cap = make_hook(m, steps=1000, warmup=1, model=net)
+        model = DDP(net, bucket_cap_mb=cap)
         model.register_comm_hook(state, hook)
         runs[m] = (model, state, torch.optim.SGD(model.parameters(), lr=0.01))
 
@@ -109,7 +129,7 @@ def _steptime(args: argparse.Namespace, make_hook) -> dict:
         return time.perf_counter() - t0
 
     for m in args.methods:  # dense warm-up steps and DDP's bucket rebuild, not timed
-        for _ in range(3 if m == "powersgd" else 2):
+        for _ in range(3 if "powersgd" in m else 2):
             step(m)
     out = {m: {"step_s": [], "bytes": [], "wire_bytes": [], "density": [], "dense_fallback": []} for m in args.methods}
     for _ in range(args.rounds):
@@ -143,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="converge without a real slow link: add the hook's bytes at this rate (bit/s) to the clock")
     p.add_argument("--no-fallback", action="store_true",
                    help="compress even where it does not pay (dense_fallback=False): with --charge-link")
+    p.add_argument("--hetero-batches", action="store_true",
+                   help="converge: the hetero methods split the global batch by each rank's measured speed")
+    p.add_argument("--batch", type=int, default=32, help="converge: mean batch per rank")
     p.add_argument("--tier-overrides", type=json.loads, default=None,
                    help='tiered policy overrides as JSON, e.g. {"eth1g": {"exchange_every": 1}}')
     args = p.parse_args(argv)
