@@ -23,7 +23,7 @@ def _converge(rank: int, world: int) -> dict:
     init_gloo(rank, world)
     args = argparse.Namespace(methods=["dense_fp32", "topk"], seeds=1, steps=20, eval_every=10, target=0.5,
                               lr=0.05, momentum=0.9, charge_link=1e6)
-    return converge(args, lambda m, steps, tiers: w.make_hook(m, steps, warmup=2, fallback=False))
+    return converge(args, lambda m, steps, tiers, model: w.make_hook(m, steps, warmup=2, fallback=False, model=model))
 
 
 def test_time_to_accuracy_charges_the_bytes_and_counts_the_wire():
@@ -73,3 +73,32 @@ def test_overlap_bench_runs_on_loopback(tmp_path):
     assert set(report["stages"]) == {"1", "3"} and report["setup"]["link"] == "loopback"
     assert report["codec_beside_exchange_s"] > 0 and report["stages"]["3"]["codec_s"] > 0
     assert 1 <= report["setup"]["auto_stages"] <= 8 and report["setup"]["mtu"] is None
+
+
+def _runs(times: list[float | None], acc: float = 0.98) -> list[dict]:
+    return [{"time_to_target_s": t, "accuracy": acc, "steps_to_target": None if t is None else 100, "world_size": 2,
+             "batch_sizes": [32, 32], "wire_bytes_per_step": 10.0, "hook_bytes_per_step": 9.0, "step_time_s": 0.1,
+             "dense_steps": 1, "decision": None, "curve": []} for t in times]
+
+
+def test_the_summary_picks_the_best_powersgd_rank_keeps_the_old_keys_and_checks_the_goals():
+    from hetero_bench.compression_summary import goals, ratios, summarise
+
+    conv = {"ddp": _runs([100.0, 90.0, 110.0]), "ddp_powersgd": _runs([40.0, 50.0, 45.0]),
+            "ddp_powersgd_r1": _runs([30.0, None, 35.0]), "ddp_powersgd_r2": _runs([42.0, 41.0, 43.0]),
+            "topk_allreduce": _runs([33.0, 34.0, 35.0], acc=0.97), "auto": _runs([40.0, 44.0, 42.0]),
+            "_setup": {}}
+    m = summarise(conv, None, None)
+    # r1 missed the target once: no median; of the others r2's 42 beats rank 4's 45
+    assert m["ddp_powersgd_r1"]["time_to_target_s"] is None
+    assert m["ddp_powersgd_best"]["rank"] == 2 and m["ddp_powersgd_best"]["time_to_target_s"] == 42.0
+    assert m["dense_fp32"] is m["ddp"] and m["powersgd"] is m["ddp_powersgd"]
+    assert m["ddp"]["time_to_target_spread_s"] == [90.0, 110.0]
+    r = ratios(m)
+    assert r["best_of_ours"] == "topk_allreduce" and r["best_of_ours_time_to_target_vs_ddp_powersgd"] == 34.0 / 45.0
+    assert r["best_of_ours_accuracy_minus_dense_points"] == pytest.approx(-1.0)
+    assert r["best_fixed"] == "topk_allreduce" and r["auto_time_to_target_vs_best_fixed"] == 42.0 / 34.0
+    g = goals(m, r, ranks=2, unthrottled=False)
+    assert g["best_of_ours_vs_ddp_powersgd"]["met"]  # 0.756 <= 0.8
+    assert not g["best_of_ours_accuracy_within_half_point"]["met"]  # 1 point below DDP
+    assert not g["auto_within_10pct_of_best_fixed"]["met"]  # 1.24x
