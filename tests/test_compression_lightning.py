@@ -53,3 +53,29 @@ def test_hetero_strategy_with_compression() -> None:
     assert any(v.abs().sum() > 0 for v in ranks[1]["sparse"]["residuals"].values())
     # without max_steps the cosine period is the run's length: 80 samples / 16 per step, 1 epoch
     assert ranks[0]["by_epochs"]["period"] == 5 and ranks[0]["by_epochs"]["step"] == 5
+
+
+def _fit_auto(rank: int, world_size: int) -> dict:
+    import lightning as L
+
+    from hetero_strategy import HeteroStrategy
+
+    model = Regressor()
+    strategy = HeteroStrategy(batch_sizes=[3, 13], compression="auto")
+    trainer = L.Trainer(strategy=strategy, max_steps=5, **trainer_kwargs())
+    trainer.fit(model, loader(make_data(80), batch_size=8))
+    return {"weights": [p.detach().clone() for p in model.net.parameters()],
+            "decision": strategy.hook_state.state_dict()["auto"], "predicted": strategy.hook_state.auto_predicted_ms}
+
+
+def test_auto_through_lightning_decides_alike_and_stays_sample_weighted() -> None:
+    """Loopback is fast: auto keeps a dense codec (fp32 or fp16); batches 3/13 are weighted b_r/G
+    (a 1/W mean would move the weights by far more than fp16's rounding)."""
+    ranks = run_distributed(_fit_auto, 2, timeout=240)
+    assert ranks[0]["decision"] == ranks[1]["decision"] and ranks[0]["decision"]["codec"] in ("dense", "fp16")
+    assert ranks[0]["predicted"] == ranks[0]["decision"]["predicted_ms"] > 0
+    want = one_process_sgd(make_data(80), global_batch=16, steps=5)
+    for got, ref in zip(ranks[0]["weights"], want.parameters()):
+        torch.testing.assert_close(got, ref.detach(), rtol=2e-3, atol=2e-3)
+    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
+        assert torch.equal(a, b)
