@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")
     parser.add_argument("--target", type=number(0.0, 1.0, what="an accuracy"), default=0.95, help="digits held-out accuracy to reach")
     parser.add_argument("--lr", type=number(what="a learning rate"), default=0.003, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--from-json", default=None,
+                        help="re-summarise a stored result at --target from its curves (no training)")
     parser.add_argument("--timeout", type=number(1.0, what="seconds"), default=7200.0, help="time-to-accuracy limit")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
     parser.add_argument("--simulate-link", action="store_true",
@@ -98,8 +100,11 @@ MIXED = {"compute": [0.5, 0.45, 0.3, 0.25], "links": ["10gbit", "10gbit", "1gbit
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero_bench.compression_summary import chart, goals, ratios, summarise
+    from hetero_bench.compression_summary import chart, goals, ratios, retarget, summarise
     from hetero_bench.compression_worker import ALIASES, METHODS
+
+    if args.from_json:
+        return _retarget(args, retarget, ratios, goals, chart)
 
     picked = [ALIASES.get(m, m) for m in args.methods or METHODS]
     unknown = [m for m in picked if m not in METHODS]
@@ -173,6 +178,23 @@ def run(args: argparse.Namespace) -> int:
     }
     out.write_text(json.dumps(result, indent=2))
     chart(methods, out.with_suffix(".png"), f"bench compression: {args.ranks} ranks, {where}, target {args.target}")
+    _print(methods, r, result["goals"])
+    return 0
+
+
+def _retarget(args: argparse.Namespace, retarget, ratios, goals, chart) -> int:
+    """``--from-json``: the stored run read at ``--target``, written to ``--json`` (its setup says so)."""
+    stored = json.loads(Path(args.from_json).read_text())
+    methods = retarget(stored["methods"], args.target)
+    r = ratios(methods)
+    setup = stored["setup"]
+    unthrottled = setup.get("links") == "loopback"
+    result = {"methods": methods, "ratios": r, "goals": goals(methods, r, setup["ranks"], unthrottled),
+              "setup": {**setup, "target": args.target,
+                        "retargeted_from": f"{args.from_json} (the same run's curves, read at target {args.target})"}}
+    out = Path(args.json)
+    out.write_text(json.dumps(result, indent=2))
+    chart(methods, out.with_suffix(".png"), f"bench compression: {setup['ranks']} ranks, target {args.target}")
     _print(methods, r, result["goals"])
     return 0
 

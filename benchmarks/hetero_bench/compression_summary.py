@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-__all__ = ["chart", "goals", "ratios", "summarise"]
+__all__ = ["chart", "goals", "ratios", "retarget", "summarise"]
 
 OURS = ("topk", "topk_allreduce", "tiered", "auto")
 _POWERSGD = {"ddp_powersgd_r1": 1, "ddp_powersgd_r2": 2, "ddp_powersgd": 4, "ddp_powersgd_r8": 8}
@@ -71,6 +71,28 @@ def summarise(conv: dict, slow: dict | None, fast: dict | None) -> dict:
         if new in methods:
             methods[old] = methods[new]
     return methods
+
+
+def retarget(methods: dict, target: float) -> dict:
+    """The same run's methods at another target accuracy, read off each seed's held-out curve
+    (the clock at the first evaluation at or above ``target``); step-time figures are kept."""
+    conv: dict[str, list[dict]] = {}
+    for m, v in methods.items():
+        if m in _OLD or m == "ddp_powersgd_best":
+            continue
+        runs = []
+        for seed, curve in enumerate(v["curve_per_seed"]):
+            hit = next(((step, t) for step, acc, t in curve if acc >= target), (None, None))
+            runs.append({"time_to_target_s": hit[1], "steps_to_target": hit[0], "accuracy": v["accuracy_per_seed"][seed],
+                         "world_size": v["world_size"], "batch_sizes": v["batch_sizes"],
+                         "wire_bytes_per_step": v["wire_bytes_per_step"], "hook_bytes_per_step": v["hook_bytes_per_step"],
+                         "step_time_s": v["e2e_step_time_s"], "dense_steps": v["e2e_dense_steps_per_seed"][seed],
+                         "decision": (v["decision_per_seed"] or [None] * len(v["curve_per_seed"]))[seed], "curve": curve})
+        conv[m] = runs
+    out = summarise(conv, None, None)
+    for m, v in out.items():  # the step-time job's figures are not in the curves: keep them
+        v.update({k: x for k, x in methods.get(m, {}).items() if k not in v})
+    return out
 
 
 def _ratio(methods: dict, a: str, b: str) -> float | None:
