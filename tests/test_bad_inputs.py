@@ -41,6 +41,8 @@ CONFIG = {
     "compression_backend": ("cuda", "compression_backend='cuda'"), "dense_fallback": ("maybe", "dense_fallback="),
     "pipeline_stages": (9, "pipeline_stages=9"), "side_streams": ("yes", "side_streams='yes'"), "powersgd_rank": (0, "powersgd_rank=0"),
     "overlap_comm": (1, "overlap_comm=1"), "hierarchical": ("on", "hierarchical='on'"),
+    "selection": ("fast", "selection='fast'"), "threshold_every": (0, "threshold_every=0"),
+    "threshold_headroom": (0.5, "threshold_headroom=0.5"),
     "fast_groups": ([[0, 1], "2"], "fast_groups[1]='2'"), "precision_policy": ("fp8", "precision_policy='fp8'"),
     "keep_fp32": ("LayerNorm", "keep_fp32='LayerNorm'"), "init_scale": (0, "init_scale=0"),
     "growth_factor": (0.5, "growth_factor=0.5"), "backoff_factor": (1.0, "backoff_factor=1.0"),

@@ -4,6 +4,7 @@ an epoch-bounded run takes its schedule period from Lightning's step estimate.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dist_utils import run_distributed
 from lit_models import Regressor, loader, make_data, one_process_sgd, trainer_kwargs
@@ -44,7 +45,9 @@ def test_hetero_strategy_with_compression() -> None:
         assert r["sparse"]["step"] == 5 and r["sparse"]["bytes"] > 0
         assert r["sparse"]["tiers"] == ["ib", "eth1g"]
         assert set(r["sparse"]["metrics"]) == {"comm/bytes_sent", "comm/bytes_received", "comm/density",
-                                               "comm/dense_fallback"}
+                                               "comm/dense_fallback", "comm/entries_sent", "comm/density_sent"}
+        # exact selection sends what it plans
+        assert r["sparse"]["metrics"]["comm/density_sent"] == pytest.approx(r["sparse"]["metrics"]["comm/density"])
         assert r["sparse"]["metrics"]["comm/dense_fallback"] == 0.0  # dense_fallback=False
         # density 1 with the default dense_fallback on loopback: every entry sent whole, and said so
         assert r["density_one"]["metrics"]["comm/dense_fallback"] == 1.0

@@ -33,6 +33,8 @@ from hetero_strategy.config import BalanceConfig, CalibrationConfig, Compression
         ({"no_such_option": 1}, "no_such_option", "1"),
         ({"compression": "topk", "overlap_comm": False}, "overlap_comm", "False"),
         ({"overlap_comm": "yes"}, "overlap_comm", "'yes'"),
+        ({"compression": "topk_allreduce", "selection": "threshold"}, "selection", "'threshold'"),
+        ({"compression": "topk", "selection": "threshold", "threshold_headroom": 5}, "threshold_headroom", "5"),
         ({"profile": "/nonexistent/cluster.json"}, "profile", "'/nonexistent/cluster.json'"),
     ],
 )

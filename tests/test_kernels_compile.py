@@ -23,6 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hetero_strategy.triton_kernels import compact as cp, ef_accumulate as ef, scatter_add as sa, threshold as th
+from hetero_strategy.triton_kernels import threshold_select as tsel
 
 P32, I32 = "*fp32", "*i32"
 ptrs = lambda names, t: {n: t for n in names}
@@ -48,6 +49,11 @@ SPECS = [
                                 "n": "i32"}, dict(HAS_RESIDUAL=True, BLOCK=1024)),
     (ef._ef_accumulate_kernel, {"grad_ptr": "*fp16", "residual_ptr": P32, "acc_ptr": P32, "gamma": "fp32",
                                 "n": "i32"}, dict(HAS_RESIDUAL=False, BLOCK=1024)),
+    (tsel._count_kernel, {"acc_ptr": P32, **ptrs(["seg_ptr", "start_ptr", "end_ptr", "thr_ptr", "counts_ptr"], I32),
+                          "num_progs": "i32"}, dict(BLOCK=4096)),
+    (tsel._write_kernel, {"acc_ptr": P32, **ptrs(["seg_ptr", "start_ptr", "end_ptr", "thr_ptr", "base_ptr", "cap_ptr",
+                                                  "before_ptr"], I32), "values_ptr": P32, "indices_ptr": I32,
+                          "num_progs": "i32"}, dict(BLOCK=4096)),
     (sa._scatter_add_kernel, {"values_ptr": "*bf16", "indices_ptr": "*i64", "weights_ptr": P32, "out_ptr": P32,
                               "row": "i32", "width": "i32", "n": "i32"}, dict(HAS_WEIGHTS=True, BLOCK=1024)),
 ]
@@ -65,4 +71,4 @@ def test_all_kernels_compile_for_sm70_sm80_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT], check=False, capture_output=True, text=True,
                           timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == 3 * 11
+    assert proc.stdout.count("compiled") == 3 * 13

@@ -146,7 +146,7 @@ def test_import_and_torch_path_work_without_triton():
 
 
 @pytest.mark.parametrize("name", ["", ".ef_accumulate", ".threshold", ".compact", ".topk_select", ".scatter_add",
-                                  ".segments", ".dispatch"])
+                                  ".segments", ".threshold_select", ".dispatch"])
 def test_docstring_examples_run(name):
     import doctest
     import importlib

@@ -1,7 +1,8 @@
 """Triton compression kernels, installed as ``hetero_strategy.triton_kernels``.
 
 Each op has a private ``@triton.jit`` kernel, a launcher and one ``<op>_torch`` reference in one
-file (``ef_accumulate``, ``threshold``, ``compact``, ``topk_select``, ``segments``, ``scatter_add``);
+file (``ef_accumulate``, ``threshold``, ``compact``, ``topk_select``, ``segments``,
+``threshold_select``, ``scatter_add``);
 the hooks call :mod:`.dispatch`, which picks Triton for CUDA tensors and the torch path elsewhere:
 the reference, except where a faster torch form is checked against it (``segments``' one-pass
 sampled selection, ``ef_accumulate``'s in-place form). Importing this package imports neither

@@ -46,7 +46,9 @@ __all__ = [
     "get_backend",
     "reload_env",
     "scatter_add",
+    "segment_thresholds",
     "set_backend",
+    "threshold_select_segments",
     "topk_select",
     "topk_select_segments",
 ]
@@ -174,6 +176,36 @@ def topk_select_segments(
     if backend_for(acc, backend) == "triton":
         return op.topk_select_segments(acc, offsets, sizes, ks, caps)
     return op.topk_select_segments_sampled(acc, offsets, sizes, ks, caps)
+
+
+def segment_thresholds(acc: Tensor, offsets: list[int], sizes: list[int], ks: list[int], *,
+                       backend: str | None = None) -> Tensor:
+    """(S,) int32 threshold keys: each segment's k-th largest finite ``|acc|`` key minus 1 (k = 0:
+    INT32_MAX, nothing), for :func:`threshold_select_segments`; see :mod:`.threshold_select`."""
+    from . import threshold_select as op
+
+    if backend_for(acc, backend) == "triton":
+        return op.segment_thresholds(acc, offsets, sizes, ks)
+    return op.segment_thresholds_torch(acc, offsets, sizes, ks)
+
+
+def threshold_select_segments(
+    acc: Tensor, offsets: list[int], sizes: list[int], thresholds: Tensor, caps: list[int], *,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per segment, the entries whose key exceeds its threshold, in ``caps[s]`` slots (NaN/inf first,
+    then index order; the overflow stays in ``acc``); sent entries of ``acc`` set to 0 in place.
+
+    Returns ``(values, indices, sent)``: fp32 and int32 (sum caps,) laid out as
+    :func:`topk_select_segments`' (bucket-relative indices, padding value 0 at the segment's first
+    index), and the (S,) int32 count each segment sent, on ``acc.device``: one streaming pass
+    instead of a select, for thresholds reused across steps (:mod:`.threshold_select`).
+    """
+    from . import threshold_select as op
+
+    if backend_for(acc, backend) == "triton":
+        return op.threshold_select_segments(acc, offsets, sizes, thresholds, caps)
+    return op.threshold_select_segments_torch(acc, offsets, sizes, thresholds, caps)
 
 
 def scatter_add(

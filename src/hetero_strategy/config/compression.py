@@ -79,6 +79,18 @@ class CompressionConfig:
     """compression="none": overlap each bucket's all-reduce with the rest of backward (DDP's way).
     False sends all buckets once backward ends: for ranks whose communication competes with
     backward for the same compute (gloo with one CPU core per rank)."""
+    selection: str = "exact"
+    """topk/tiered: how each parameter's entries are picked. exact: its top-k every step (a radix
+    select or sampled sort). threshold: Ok-Topk's threshold reuse, every entry above a threshold
+    estimated as the exact k-th magnitude once per threshold_every compressed steps, one streaming
+    pass in between; how many go then follows the gradient (metric comm/entries_sent)."""
+    threshold_every: int = 10
+    """selection="threshold": re-estimate each parameter's threshold every N of its compressed steps
+    (and at once when its k moved by more than an eighth); 1 re-estimates every step."""
+    threshold_headroom: float = 1.25
+    """selection="threshold": payload slots per planned entry (k), 1-4, so a threshold that lets more
+    than k through still sends them; entries beyond the slots stay in the residual. Wire bytes grow
+    by this factor over exact selection."""
     hierarchical: bool = False
     """topk/tiered: dense all-reduce inside each fast group (node), compressed exchange between the
     groups' leaders, then a broadcast inside each group."""
@@ -143,6 +155,7 @@ class CompressionConfig:
         if not self.overlap_comm and self.method != "none":
             _fail("overlap_comm", self.overlap_comm,
                   f"deferring communication is only offered for compression='none', not {self.method!r}")
+        self._check_selection()
         if not isinstance(self.hierarchical, bool):
             _fail("hierarchical", self.hierarchical, "must be true or false")
         if self.hierarchical and self.method not in _TOPK_OR_AUTO:
@@ -154,6 +167,21 @@ class CompressionConfig:
     def density_floor(self) -> float:
         """The schedule's floor: min_density, or base_density / 10 when it is None."""
         return self.base_density / 10 if self.min_density is None else self.min_density
+
+    def _check_selection(self) -> None:
+        if self.selection not in ("exact", "threshold"):
+            _fail("selection", self.selection, "choose exact (top-k every step) or threshold (reused threshold)")
+        self._check_int("threshold_every", self.threshold_every, 1, "the steps between re-estimates; 1 is every step")
+        h = self.threshold_headroom
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 1.0 <= h <= 4.0:
+            _fail("threshold_headroom", h, "payload slots per planned entry must lie in [1, 4], e.g. 1.25")
+        if self.selection == "exact":
+            return
+        codecs = {v.get("codec") for v in (self.tier_overrides or {}).values() if isinstance(v, dict)}
+        if self.method not in ("topk", "tiered") or "topk_allreduce" in codecs:
+            _fail("selection", self.selection, f"threshold reuse picks each rank's own entries for the all-gather "
+                  f"of compression='topk' or 'tiered' (no topk_allreduce codec), not {self.method!r}; "
+                  "use selection='exact'")
 
     def _check_fast_groups(self) -> None:
         groups = self.fast_groups

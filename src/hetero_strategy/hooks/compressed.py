@@ -45,6 +45,7 @@ from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
+from hetero_strategy.hooks.threshold_select import selector_for
 from hetero_strategy.hooks.tiers import TierPolicy, exchange_codec, exchange_policies
 from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState
 from hetero_strategy.hooks.weighted import WeightedReduceState
@@ -74,9 +75,9 @@ class CompressedState(WeightedReduceState):
         "config", "schedule", "policies", "tiers", "codec", "rank", "world", "exchange_group", "hier", "_period_source",
         # internal state
         "cost", "memory", "topk", "dirty", "streams", "total_numel", "_numel_seen", "_acc_recv", "_acc_entries", "_acc_numel",
-        "_acc_fallback",
+        "_acc_fallback", "_acc_measured",
         # stats
-        "density", "dense_fallback", "total_bytes_sent", "total_bytes_received",
+        "density", "dense_fallback", "total_bytes_sent", "total_bytes_received", "last_entries_sent",
         "last_modes", "_modes",
     ]  # fmt: skip
 
@@ -89,9 +90,8 @@ class CompressedState(WeightedReduceState):
         elif fields:
             raise TypeError("pass either config or keyword fields, not both")
         if config.method not in ("topk", "topk_allreduce", "tiered", "onebit"):
-            raise ValueError(f"compression={config.method!r} is invalid for CompressedState: use topk, "
-                             "topk_allreduce, tiered or onebit (fp16/bf16/powersgd have their own states, "
-                             "see build_comm_hook)")
+            raise ValueError(f"compression={config.method!r} is invalid for CompressedState: use topk, topk_allreduce, "
+                             "tiered or onebit (fp16/bf16/powersgd have their own states, see build_comm_hook)")
         self.config = config
         self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
         self.world = comm.world_size(process_group)
@@ -121,17 +121,16 @@ class CompressedState(WeightedReduceState):
         self.memory = ResidualMemory()
         # the Top-K exchange over the (leaders') exchange group, on the same residuals
         self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory,
-                              shared_indices=self.codec == "topk_allreduce")
+                              shared_indices=self.codec == "topk_allreduce", selector=selector_for(config))
         self.streams = SideStreams(enabled=config.side_streams)
-        # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
-        # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
-        # ones never take that shortcut). A NaN step keeps its old residual while the set says
-        # clean: it is used again when the parameter next goes sparse, and checkpointed meanwhile.
+        # NOTE: parameters (ordinals) that may hold a residual, from the agreed plan only, so every rank
+        # agrees on which buckets may skip the codec; flat exchanges only (hierarchical ones never take
+        # that shortcut). A NaN step keeps its old residual while the set says clean: it is used
+        # again when the parameter next goes sparse, and checkpointed meanwhile.
         self.dirty: set[int] = set()
-        self.total_numel: int | None = None
-        self._numel_seen = 0
+        self.total_numel, self._numel_seen = None, 0  # the model's entries, once the first step has seen them
         self._reset_step_stats()
-        self.density, self.dense_fallback = 1.0, 0.0
+        self.density, self.dense_fallback, self.last_entries_sent = 1.0, 0.0, 0
         self.last_bytes_sent = self.last_bytes_received = self.total_bytes_sent = self.total_bytes_received = 0
         self.last_modes: dict[int, str] = {}
 
@@ -143,8 +142,7 @@ class CompressedState(WeightedReduceState):
             return None
         cost = measure_compression_cost(process_group, device_for(process_group), cfg.compression_backend,
                                         cfg.base_density)
-        big = 1 << 24
-        k = self.schedule.k_for(big, cfg.base_density)  # a large bucket at the base density
+        k = self.schedule.k_for(big := 1 << 24, cfg.base_density)  # a large bucket at the base density
         if dist.get_rank() == 0 and not cost.sparse_pays(big, k, self.world, self.codec == "topk_allreduce"):
             log.warning("compression=%r does not pay on this link (%s): gradients are sent densely "
                         "(dense_fallback=False compresses anyway)", cfg.method, cost.describe())
@@ -156,7 +154,7 @@ class CompressedState(WeightedReduceState):
 
     def _reset_step_stats(self) -> None:
         self._acc_sent = self._acc_recv = self._acc_entries = self._acc_numel = self._acc_fallback = 0
-        self._modes: dict[int, str] = {}
+        self._acc_measured, self._modes = 0, {}  # measured: a device count under threshold selection
 
     # ---- per-step decisions (identical on every rank) --------------------------------------
     def mode(self, step: int) -> str:
@@ -181,9 +179,8 @@ class CompressedState(WeightedReduceState):
             self.schedule = dataclasses.replace(self.schedule, period=int(steps))
 
     def plan(self, step: int, sizes: "list[int]") -> TopKPlan:
-        """Per parameter of a bucket: sparse?, this rank's k, capacity = max k over ranks, and sent
-        whole because compressing it does not pay? (a :class:`TopKPlan`).
-
+        """Per parameter of a bucket: sparse?, this rank's k, capacity (max k over ranks; more under
+        threshold selection), sent whole because compressing it does not pay? (a :class:`TopKPlan`).
         Decided per parameter (not per bucket) so that results do not depend on DDP's bucket
         layout, which changes after step 1 and differs again after a resume. A parameter goes
         dense when its gathered values+indices would outweigh a ring all-reduce (cap x W >= n),
@@ -201,7 +198,7 @@ class CompressedState(WeightedReduceState):
             max_d = min(self.schedule.density(step, p.tier_factor) for p in self.policies)
         sparse, mine, caps, whole = [], [], [], []
         for n in sizes:
-            cap = self.schedule.k_for(n, max_d)  # k grows with density: the largest k over ranks
+            cap = self.topk.capacity(self.schedule.k_for(n, max_d), n)  # from the largest k over ranks
             # NOTE: with a cost, sparse_pays implies a wire smaller than n (the codec only adds time)
             pays = (wire_entries(cap, self.world, shared) < n if self.cost is None
                     else self.cost.sparse_pays(n, cap, self.world, shared))
@@ -227,18 +224,19 @@ class CompressedState(WeightedReduceState):
         return min(8, max(1, math.ceil(t_codec / max(t_comm, 1e-12)) + 1))
 
     def metrics(self) -> dict[str, float]:
-        """Last step's communication, for a logger: bytes sent/received by this rank, density."""
+        """Last step's communication, for a logger: bytes sent/received by this rank, planned density, the
+        entries it actually sent and their density (selection="threshold": a device count, read here)."""
+        sent = float(self.last_entries_sent)
         return {"comm/bytes_sent": float(self.last_bytes_sent), "comm/bytes_received": float(self.last_bytes_received),
-                "comm/density": float(self.density), "comm/dense_fallback": float(self.dense_fallback)}
+                "comm/density": float(self.density), "comm/dense_fallback": float(self.dense_fallback),
+                "comm/entries_sent": sent, "comm/density_sent": sent / max(self.total_numel or 1, 1)}
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         out = super().state_dict()
         out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers, dirty=sorted(self.dirty),
                    total_bytes_sent=self.total_bytes_sent, total_bytes_received=self.total_bytes_received)
-        if self.topk.agreement is not None:  # the agreed index sets: a resume sends where it would have
-            out["shared_indices"] = self.topk.agreement.state_dict()
-        return out
+        return {**out, **self.topk.state_dict()}  # agreed index sets, thresholds: a resume sends alike
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -247,8 +245,7 @@ class CompressedState(WeightedReduceState):
         self.total_numel = state.get("total_numel")
         self.total_bytes_sent = int(state.get("total_bytes_sent", 0))
         self.total_bytes_received = int(state.get("total_bytes_received", 0))
-        if self.topk.agreement is not None:
-            self.topk.agreement.load_state_dict(state.get("shared_indices", {}))
+        self.topk.load_state_dict(state)
 
     # ---- what the hooks do to a bucket and count of it ------------------------------------------
     def scale_bucket(self, bucket: dist.GradBucket, clip: bool) -> None:
@@ -274,16 +271,18 @@ class CompressedState(WeightedReduceState):
         self._acc_sent += nbytes
         self._acc_recv += nbytes
 
-    def account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int, fallback: int = 0) -> None:
-        """Record one bucket's exchange: its ``mode`` (``last_modes``), bytes ``sent`` (received
-        alike), ``entries`` sent, and ``fallback`` entries sent whole because compressing them does
-        not pay. The last bucket of a step closes the step's figures (``last_bytes_sent``,
-        ``density``, ``dense_fallback``, ``total_bytes_*``). Call it once per bucket and step."""
+    def account(self, bucket: dist.GradBucket, mode: str, sent: int, entries: int, fallback: int = 0,
+                measured: "int | torch.Tensor | None" = None) -> None:
+        """Record one bucket's exchange: ``mode`` (``last_modes``), bytes ``sent`` (received alike),
+        ``entries`` planned, ``fallback`` of them sent whole as compressing does not pay, ``measured``
+        actually sent (None: ``entries``). The step's last bucket closes its figures (``last_*``,
+        ``density``, ``dense_fallback``, ``total_bytes_*``); call it once per bucket and step."""
         n = bucket.buffer().numel()
         self._acc_fallback += fallback
         self._acc_sent += sent
         self._acc_recv += sent  # ring collectives receive what they send
         self._acc_entries += entries
+        self._acc_measured += entries if measured is None else measured
         self._acc_numel += n
         self._modes[bucket.index()] = mode
         if self.total_numel is None:
@@ -294,7 +293,8 @@ class CompressedState(WeightedReduceState):
             self.last_bytes_sent, self.last_bytes_received = self._acc_sent, self._acc_recv
             self.total_bytes_sent += self._acc_sent
             self.total_bytes_received += self._acc_recv
-            self.density = self._acc_entries / max(self._acc_numel, 1)
-            self.dense_fallback = self._acc_fallback / max(self._acc_numel, 1)
+            numel = max(self._acc_numel, 1)
+            self.density, self.dense_fallback = self._acc_entries / numel, self._acc_fallback / numel
+            self.last_entries_sent = self._acc_measured
             self.last_modes = self._modes
             self._reset_step_stats()

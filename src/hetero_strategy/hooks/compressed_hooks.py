@@ -101,7 +101,7 @@ def _compress(state: CompressedState, bucket: dist.GradBucket, step: int, mode: 
     fut = topk_ef_exchange(state.topk, bucket.index(), keys, bucket.buffer(), sizes, plan,
                            state.policies[state.rank].gamma, state.stages_for(sizes, plan.sparse, plan.caps))
     state.account(bucket, "sparse" if any(plan.sparse) else mode, state.topk.last_bytes_sent,
-                  state.topk.last_entries_sent, fallback)
+                  state.topk.last_entries_sent, fallback, state.topk.last_entries_measured)
     return fut
 
 

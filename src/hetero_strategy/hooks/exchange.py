@@ -72,6 +72,9 @@ class Chunk:
     shared: bool = False
     """The sparse values sit at indices every rank shares (``topk_allreduce``): they are summed in
     the chunk's one all-reduce, beside its dense parts, instead of being gathered."""
+    measured: "torch.Tensor | None" = None
+    """Entries actually sent, when the selection does not fix them (threshold reuse): a 0-d device
+    count beside ``sent_entries`` (the planned ones); None: ``sent_entries`` were sent."""
 
 
 @dataclass

@@ -10,6 +10,10 @@ sent_t + residual_t = x_t + gamma * residual_{t-1} (docs/compression.md, "Error 
 * the hybrid mode's :class:`~hetero_strategy.hybrid.exchange.DeltaExchange` calls it once a
   period on the weighted model delta, one bucket of one segment.
 
+With a :class:`~.threshold_select.ThresholdSelector` (``selection="threshold"``) each rank sends
+every entry above a threshold reused between exact re-estimates instead of its exact top-k; the
+count it actually sent is measured (``last_entries_measured``).
+
 With ``shared_indices`` (``compression="topk_allreduce"``) every rank sends its accumulator at
 one index set per segment that all ranks agreed on (:mod:`.shared_indices`), and the sparse
 values travel in the chunk's one all-reduce instead of an all-gather; the rest is unchanged.
@@ -30,6 +34,7 @@ from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import Chunk, chunk_bounds, finish_exchange, issue_chunk, nonfinite_marker
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.shared_indices import IndexAgreement
+from hetero_strategy.hooks.threshold_select import ThresholdSelector
 
 __all__ = ["TopKPlan", "TopKState", "encode_chunks", "store_residuals", "topk_ef_exchange"]
 
@@ -63,24 +68,47 @@ class TopKState:
         shared_indices: every rank sends its values at one agreed index set per segment, summed by
             one all-reduce (``topk_allreduce``, :mod:`~hetero_strategy.hooks.shared_indices`),
             instead of gathering each rank's own top-k.
+        selector: pick the entries above reused thresholds instead of the exact top-k
+            (``selection="threshold"``, :mod:`.threshold_select`); None: exact.
     """
 
     __slots__ = (
         # hyper-parameters
         "process_group", "backend",
         # internal state
-        "memory", "agreement",
+        "memory", "agreement", "selector",
         # stats (of the last call)
-        "last_bytes_sent", "last_entries_sent",
+        "last_bytes_sent", "last_entries_sent", "last_entries_measured",
     )  # fmt: skip
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, backend: str = "auto",
-                 memory: "ResidualMemory | None" = None, shared_indices: bool = False) -> None:
+                 memory: "ResidualMemory | None" = None, shared_indices: bool = False,
+                 selector: "ThresholdSelector | None" = None) -> None:
         self.process_group, self.backend = process_group, backend
         self.memory = ResidualMemory() if memory is None else memory
         self.agreement = IndexAgreement(process_group) if shared_indices else None
+        self.selector = selector
         self.last_bytes_sent = 0  # as the ring collectives move them (hooks/communicator.py)
-        self.last_entries_sent = 0  # entries this rank sent: sparse k's and dense segments
+        self.last_entries_sent = 0  # entries this rank planned to send: sparse k's and dense segments
+        # what it actually sent: the same int under exact selection; under threshold selection a
+        # 0-d device count, read only by the metrics (no host sync in a hook)
+        self.last_entries_measured: int | torch.Tensor = 0
+
+    def capacity(self, k: int, n: int) -> int:
+        """Payload slots of a segment of ``n`` entries whose largest planned k over ranks is ``k``:
+        k, or more under threshold selection (room for a threshold that lets more through)."""
+        return k if self.selector is None else self.selector.capacity(k, n)
+
+    def state_dict(self) -> dict:
+        """The agreed index sets and the thresholds: a resume sends where it would have."""
+        out = {} if self.agreement is None else {"shared_indices": self.agreement.state_dict()}
+        return out if self.selector is None else {**out, "thresholds": self.selector.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.agreement is not None:
+            self.agreement.load_state_dict(state.get("shared_indices", {}))
+        if self.selector is not None:
+            self.selector.load_state_dict(state.get("thresholds", {}))
 
 
 def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat: torch.Tensor,
@@ -119,7 +147,7 @@ def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat
     pending, kept = [], []
     # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
     # overlaps them (one chunk unless stages asks for more)
-    for chunk, res, acc in encode_chunks(state, flat, residual, sizes, plan, gamma, stages, shared):
+    for chunk, res, acc in encode_chunks(state, flat, residual, sizes, plan, gamma, stages, shared, keys):
         pending.append(issue_chunk(state.process_group, chunk))
         kept.append((chunk.marker, res, acc))
     store_residuals(kept)
@@ -128,20 +156,27 @@ def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat
         state.agreement.propose(keys, plan.sparse, plan.caps, lambda j: residual[segment(j)])
         state.last_bytes_sent += state.agreement.last_bytes_sent
     state.last_entries_sent = sum(p.chunk.sent_entries for p in pending)
+    state.last_entries_measured = sum(p.chunk.sent_entries if p.chunk.measured is None else p.chunk.measured
+                                      for p in pending)
     return finish_exchange(flat, pending, state.backend)
 
 
 def encode_chunks(state: TopKState, buf: torch.Tensor, residual: torch.Tensor, sizes: "list[int]",
-                  plan: TopKPlan, gamma: float, stages: int, shared: "list[torch.Tensor | None] | None" = None):
+                  plan: TopKPlan, gamma: float, stages: int, shared: "list[torch.Tensor | None] | None" = None,
+                  keys: "tuple[int, ...] | None" = None):
     """Encode ``buf`` chunk after chunk (:func:`chunk_bounds`); yields (chunk, its slice of the
     residual, its accumulator), so a caller can send each chunk before the next is encoded.
-    ``shared``: per segment, the agreed indices to send at (``topk_allreduce``)."""
+    ``shared``: per segment, the agreed indices to send at (``topk_allreduce``); ``keys``: the
+    segments' residual ordinals (needed by ``state.selector``, which keeps thresholds by them)."""
+    if state.selector is not None and keys is None:
+        raise ValueError("keys: threshold selection keeps a threshold per parameter; pass the residual keys")
     offsets = _offsets(sizes)
     for lo, hi in chunk_bounds(sizes, stages):
         start, end = offsets[lo], offsets[hi - 1] + sizes[hi - 1]
         part = TopKPlan(*(field[lo:hi] for field in plan))
         chunk, acc = _encode(state.backend, buf[start:end], residual[start:end], start, sizes[lo:hi], part, gamma,
-                             None if shared is None else shared[lo:hi])
+                             None if shared is None else shared[lo:hi],
+                             None if state.selector is None else (state.selector, keys[lo:hi]))
         yield chunk, residual[start:end], acc
 
 
@@ -162,17 +197,18 @@ def store_residuals(kept: "list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def _encode(backend: str, buf: torch.Tensor, residual: torch.Tensor, start: int, sizes: "list[int]",
-            plan: TopKPlan, gamma: float, shared: "list[torch.Tensor | None] | None" = None
-            ) -> "tuple[Chunk, torch.Tensor]":
+            plan: TopKPlan, gamma: float, shared: "list[torch.Tensor | None] | None" = None,
+            selector: "tuple[ThresholdSelector, tuple[int, ...]] | None" = None) -> "tuple[Chunk, torch.Tensor]":
     """Error feedback and selection of one chunk of whole segments; (the chunk, acc with its sent
-    entries zeroed: the chunk's new residual once the tensor is known to be finite)."""
+    entries zeroed: the chunk's new residual once the tensor is known to be finite).
+    ``selector``: threshold selection and the chunk's residual keys (None: the exact top-k)."""
     acc = ef_accumulate_(buf, residual, gamma, backend)  # (m,) fp32, in buf when it is fp32
     marker = nonfinite_marker(acc)
     # acc becomes what stays in the residual: sent entries are zeroed in place below
     offsets = _offsets(sizes)
     sparse, ks, caps = plan.sparse, plan.ks, plan.caps
     picked = [j for j, is_sparse in enumerate(sparse) if is_sparse]
-    values, indices = [], []
+    values, indices, measured = [], [], None
     if picked and shared is not None:  # the agreed indices: this rank's values there (0: it skips)
         for j in picked:
             seg, idx = acc[offsets[j]:offsets[j] + sizes[j]], shared[j]
@@ -182,8 +218,13 @@ def _encode(backend: str, buf: torch.Tensor, residual: torch.Tensor, start: int,
             indices.append(idx + (start + offsets[j]))
         values, indices = [torch.cat(values)], [torch.cat(indices)]
     elif picked:  # every sparse segment of the chunk in one selection (k = 0: padding only)
-        v, i = TopKCodec.select_segments_(acc, [offsets[j] for j in picked], [sizes[j] for j in picked],
-                                          [ks[j] for j in picked], [caps[j] for j in picked], backend)
+        segs = ([offsets[j] for j in picked], [sizes[j] for j in picked], [ks[j] for j in picked],
+                [caps[j] for j in picked])
+        if selector is None:
+            v, i = TopKCodec.select_segments_(acc, *segs, backend)
+        else:  # the counts are measured: the reported entries replace the planned k's
+            v, i, sent = selector[0].select_segments_(acc, [selector[1][j] for j in picked], *segs, backend)
+            measured = sent.sum() - sum(segs[2])
         values, indices = [v], [i.add_(start)]  # relative to the whole tensor
     dense_parts, sent_entries = [], sum(ks[j] for j in picked)
     for j, is_sparse in enumerate(sparse):
@@ -197,7 +238,7 @@ def _encode(backend: str, buf: torch.Tensor, residual: torch.Tensor, start: int,
         else:  # skipping this exchange: join the all-reduce with zeros, keep the gradient
             dense_parts.append(torch.zeros_like(seg))
     return Chunk(start, sizes, list(sparse), dense_parts, values, indices, marker, sent_entries,
-                 shared=shared is not None), acc
+                 shared=shared is not None, measured=None if measured is None else measured + sent_entries), acc
 
 
 def _offsets(sizes: "list[int]") -> "list[int]":
