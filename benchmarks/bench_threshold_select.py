@@ -26,7 +26,6 @@ import sys
 import time
 
 import torch
-
 from hetero_strategy.triton_kernels import dispatch
 
 
