@@ -89,12 +89,12 @@ def make_hook(method: str, steps: int, warmup: int | None = None, tiers: list[st
         rank = int(method.rpartition("_r")[2]) if "_r" in method[len("ddp_powersgd"):] else 4
         return PowerSGDBaselineState(rank=rank, start_iter=2), powersgd_weighted_hook, 1000
     fields: dict = {"dense_fallback": fallback}
-    if method == "auto":
+    if warmup is not None:
+        fields["dense_warmup_steps"] = warmup
+    if method == "auto":  # NOTE: after the warm-up field: the step-time job times steps 3-7
         state, hook = build_comm_hook(HeteroConfig.from_flat(compression="auto", **fields), model=model,
                                       announce=lambda m: print(m, flush=True))
         return state, hook, 25
-    if warmup is not None:
-        fields["dense_warmup_steps"] = warmup
     if method in ("topk", "topk_allreduce"):
         cfg = CompressionConfig(method=method, base_density=0.01, density_schedule="constant", **fields)
         return CompressedState(cfg, max_steps=steps), topk_hook, 25
