@@ -37,6 +37,8 @@ CONFIG = {
     "tier_profile": (7, "tier_profile=7"), "tier_overrides": ({"ib": {"speed": 1}}, "tier_overrides.ib.speed=1"),
     "dense_warmup_steps": (0, "dense_warmup_steps=0"), "density_period": (0, "density_period=0"),
     "density_schedule": ("linear", "density_schedule='linear'"), "ef_gamma": (0.0, "ef_gamma=0.0"),
+    "density_warmup": ("linear", "density_warmup='linear'"), "momentum_correction": (1.0, "momentum_correction=1.0"),
+    "momentum_masking": ("yes", "momentum_masking='yes'"),
     "dense_sync_every": (-5, "dense_sync_every=-5"), "clip_norm": (-1.0, "clip_norm=-1.0"),
     "compression_backend": ("cuda", "compression_backend='cuda'"), "dense_fallback": ("maybe", "dense_fallback="),
     "pipeline_stages": (9, "pipeline_stages=9"), "side_streams": ("yes", "side_streams='yes'"), "powersgd_rank": (0, "powersgd_rank=0"),

@@ -43,6 +43,7 @@ from hetero_strategy.hooks import communicator as comm
 from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost, wire_entries
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
+from hetero_strategy.hooks.momentum import MomentumCorrection
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
 from hetero_strategy.hooks.tiers import TierPolicy, exchange_codec, exchange_policies
@@ -107,8 +108,8 @@ class CompressedState(WeightedReduceState):
         self._period_source = None if config.density_period or not callable(max_steps) else max_steps
         fixed = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
         period = config.density_period or fixed or 1000
-        self.schedule = DensitySchedule(config.base_density, config.density_floor, config.dense_warmup_steps,
-                                        period, cosine=config.density_schedule == "cosine")
+        self.schedule = DensitySchedule(config.base_density, config.density_floor, config.dense_warmup_steps, period,
+                                        config.density_schedule == "cosine", config.density_warmup == "exponential")
         if config.method == "tiered":  # collective: every rank's tier is gathered
             self.tiers, self.policies = exchange_policies(config, self.exchange_group,
                                                           None if self.hier is None else self.hier.groups)
@@ -121,7 +122,8 @@ class CompressedState(WeightedReduceState):
         self.memory = ResidualMemory()
         # the Top-K exchange over the (leaders') exchange group, on the same residuals
         self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory,
-                              shared_indices=self.codec == "topk_allreduce")
+                              shared_indices=self.codec == "topk_allreduce",
+                              momentum=MomentumCorrection.of(config.momentum_correction, config.momentum_masking))
         self.streams = SideStreams(enabled=config.side_streams)
         # NOTE: parameters (ordinals) that may hold a residual, derived from the agreed plan only, so
         # every rank agrees on which buckets may skip the codec; flat exchanges only (hierarchical
@@ -236,8 +238,7 @@ class CompressedState(WeightedReduceState):
         out = super().state_dict()
         out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers, dirty=sorted(self.dirty),
                    total_bytes_sent=self.total_bytes_sent, total_bytes_received=self.total_bytes_received)
-        if self.topk.agreement is not None:  # the agreed index sets: a resume sends where it would have
-            out["shared_indices"] = self.topk.agreement.state_dict()
+        out.update(self.topk.state_dict())  # agreed index sets (topk_allreduce), velocities (momentum_correction)
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -247,8 +248,7 @@ class CompressedState(WeightedReduceState):
         self.total_numel = state.get("total_numel")
         self.total_bytes_sent = int(state.get("total_bytes_sent", 0))
         self.total_bytes_received = int(state.get("total_bytes_received", 0))
-        if self.topk.agreement is not None:
-            self.topk.agreement.load_state_dict(state.get("shared_indices", {}))
+        self.topk.load_state_dict(state)
 
     # ---- what the hooks do to a bucket and count of it ------------------------------------------
     def scale_bucket(self, bucket: dist.GradBucket, clip: bool) -> None:
