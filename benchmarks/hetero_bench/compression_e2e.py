@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,7 @@ def _was_dense(method: str, state) -> bool:
     return bool(modes) and all(m in ("warmup", "dense", "dense_fallback") for m in modes.values())
 
 
-def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook) -> dict:
+def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook, momentum: float) -> dict:
     xtr, ytr, xte, yte = data
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
@@ -72,7 +73,7 @@ def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook) 
     state, hook, cap = make_hook(method, steps=args.steps, tiers=None)
     model = DDP(net, bucket_cap_mb=cap)
     model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     gen = torch.Generator().manual_seed(seed)
     per_rank, order, pos = 32, torch.randperm(len(xtr), generator=gen), 0
     trained, hook_bytes, charged, dense_steps = 0.0, 0, 0, 0
@@ -105,17 +106,22 @@ def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook) 
             "dense_fallback": float(getattr(state, "dense_fallback", 0.0)), "curve": curve}
 
 
-def converge(args: argparse.Namespace, make_hook) -> dict:
-    """{method: [per-seed result]} on every rank; wire bytes are the mean over ranks."""
+def converge(args: argparse.Namespace, make_hook, momentum_of: Callable[[str], float] | None = None) -> dict:
+    """{method: [per-seed result]} on every rank; wire bytes are the mean over ranks.
+
+    ``momentum_of``: the optimizer's momentum per method (default ``args.momentum`` for all), e.g.
+    0 where the hook applies momentum itself (``momentum_correction``, :mod:`.dgc`).
+    """
+    momentum = momentum_of or (lambda _: args.momentum)
     data = _digits()
     # NOTE: one untimed run first: the first training in a process pays one-time costs (allocator,
     # gloo connections, lazy imports) that would otherwise land on whichever method runs first
     warm = argparse.Namespace(**{**vars(args), "steps": 2 * args.eval_every, "charge_link": None})
-    _run_one(args.methods[0], 0, warm, data, make_hook)
+    _run_one(args.methods[0], 0, warm, data, make_hook, momentum(args.methods[0]))
     out: dict[str, list] = {m: [] for m in args.methods}
     for seed in range(args.seeds):
         for m in args.methods:
-            r = _run_one(m, seed, args, data, make_hook)
+            r = _run_one(m, seed, args, data, make_hook, momentum(m))
             wires = [None] * dist.get_world_size()
             dist.all_gather_object(wires, r["wire_bytes_per_step"])
             r["wire_bytes_per_step"] = sum(wires) / len(wires)
