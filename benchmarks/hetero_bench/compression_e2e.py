@@ -20,6 +20,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,8 +65,10 @@ def _was_dense(state) -> bool:
     return bool(modes) and all(m in ("warmup", "dense", "dense_fallback") for m in modes.values())
 
 
-def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook, sizes: list[int]) -> dict:
-    """One training of ``method``: rank r takes ``sizes[r]`` samples of each global batch."""
+def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook, sizes: list[int],
+             momentum: float) -> dict:
+    """One training of ``method``: rank r takes ``sizes[r]`` samples of each global batch; SGD with
+    this ``momentum`` (0 where the hook applies momentum itself)."""
     xtr, ytr, xte, yte = data
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
@@ -75,7 +78,7 @@ def _run_one(method: str, seed: int, args: argparse.Namespace, data, make_hook, 
     state, hook, cap = make_hook(method, steps=args.steps, tiers=None, model=net)
     model = DDP(net, bucket_cap_mb=cap)
     model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     gen = torch.Generator().manual_seed(seed)
     order, pos, total, lo = torch.randperm(len(xtr), generator=gen), 0, sum(sizes), sum(sizes[:rank])
     trained, hook_bytes, charged, dense_steps = 0.0, 0, 0, 0
@@ -145,13 +148,18 @@ def hetero_sizes(data, batch: int) -> list[int]:
     return split_batch_timed(batch * dist.get_world_size(), [r[0] for r in rows], [r[1] for r in rows])
 
 
-def converge(args: argparse.Namespace, make_hook) -> dict:
+def converge(args: argparse.Namespace, make_hook, momentum_of: Callable[[str], float] | None = None) -> dict:
     """{method: [per-seed result]} on every rank; wire bytes are the mean over ranks. The hetero
     methods take capacity-sized batches with ``hetero_batches``; "_setup" holds the sizes and
-    every rank's compute-only step (for the dense step's communication share)."""
+    every rank's compute-only step (for the dense step's communication share).
+
+    ``momentum_of``: the optimizer's momentum per method (default ``args.momentum`` for all), e.g.
+    0 where the hook applies momentum itself (``momentum_correction``, :mod:`.dgc`).
+    """
     from hetero_bench.compression_worker import HETERO
     from hetero_strategy.dist import all_gather_floats
 
+    momentum = momentum_of or (lambda _: args.momentum)
     data = _digits()
     batch, world = getattr(args, "batch", 32), dist.get_world_size()
     equal = [batch] * world
@@ -160,11 +168,11 @@ def converge(args: argparse.Namespace, make_hook) -> dict:
     # NOTE: one untimed run first: the first training in a process pays one-time costs (allocator,
     # gloo connections, lazy imports) that would otherwise land on whichever method runs first
     warm = argparse.Namespace(**{**vars(args), "steps": 2 * args.eval_every, "charge_link": None})
-    _run_one(args.methods[0], 0, warm, data, make_hook, equal)
+    _run_one(args.methods[0], 0, warm, data, make_hook, equal, momentum(args.methods[0]))
     out: dict[str, list] = {m: [] for m in args.methods}
     for seed in range(args.seeds):
         for m in args.methods:
-            r = _run_one(m, seed, args, data, make_hook, hetero if m in HETERO else equal)
+            r = _run_one(m, seed, args, data, make_hook, hetero if m in HETERO else equal, momentum(m))
             wires = [None] * dist.get_world_size()
             dist.all_gather_object(wires, r["wire_bytes_per_step"])
             r["wire_bytes_per_step"] = sum(wires) / len(wires)

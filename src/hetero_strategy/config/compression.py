@@ -53,6 +53,18 @@ class CompressionConfig:
     HeteroPlugin.prepare(max_steps=...)), else 1000."""
     density_schedule: str = "cosine"
     """cosine (decay to min_density over density_period) or constant (base_density x tier_factor)."""
+    density_warmup: str = "dense"
+    """topk/topk_allreduce/tiered: dense (dense_warmup_steps dense steps) or exponential (DGC's
+    warm-up: step 0 dense, then the density falls geometrically to the schedule's over
+    dense_warmup_steps steps, e.g. 1, 0.32, 0.1, 0.032, 0.01 for base_density 0.01 and 4 steps)."""
+    momentum_correction: float = 0.0
+    """topk/topk_allreduce/tiered: DGC's momentum correction with this momentum factor (e.g. 0.9;
+    0 is off). The hook keeps each rank's velocity u = m*u + g and sends the Top-K of velocity +
+    residual, so the optimizer must run WITHOUT momentum (SGD(momentum=0)), or momentum is applied
+    twice; the runtime warns when it sees one with momentum. Velocities are checkpointed."""
+    momentum_masking: bool = True
+    """With momentum_correction: zero the velocity where a sparse entry was sent (DGC's
+    momentum-factor masking)."""
     ef_gamma: float = 1.0
     """Error-feedback strength for topk and onebit (tiered takes each tier's gamma)."""
     dense_sync_every: int = 100
@@ -127,6 +139,7 @@ class CompressionConfig:
             self._check_int("density_period", self.density_period, 1, "or None to use the run's max_steps")
         if self.density_schedule not in ("cosine", "constant"):
             _fail("density_schedule", self.density_schedule, "choose cosine or constant")
+        self._check_dgc()
         if isinstance(self.ef_gamma, bool) or not isinstance(self.ef_gamma, (int, float)) or not 0 < self.ef_gamma <= 1:
             _fail("ef_gamma", self.ef_gamma, "must lie in (0, 1]; 1.0 is classic error feedback")
         self._check_int("dense_sync_every", self.dense_sync_every, 0, "0 disables the periodic dense sync")
@@ -162,6 +175,26 @@ class CompressionConfig:
             _fail("hierarchical", self.hierarchical,
                   f"works with compression={' or '.join(map(repr, _TOPK_OR_AUTO))} only")
         self._check_fast_groups()
+
+    def _check_dgc(self) -> None:
+        """The DGC options (Lin et al., ICLR 2018) act on the Top-K exchange of the DDP hooks only."""
+        if self.density_warmup not in ("dense", "exponential"):
+            _fail("density_warmup", self.density_warmup, "choose dense or exponential")
+        if self.density_warmup == "exponential" and self.method not in _TOPK:
+            _fail("density_warmup", self.density_warmup,
+                  f"the exponential warm-up ramps the Top-K density of {', '.join(_TOPK)}, not compression="
+                  f"{self.method!r}; use density_warmup='dense'")
+        m = self.momentum_correction
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+            _fail("momentum_correction", m, "the momentum factor must lie in [0, 1), e.g. 0.9; 0 turns it off")
+        if m and self.method not in _TOPK:
+            _fail("momentum_correction", m, f"it corrects the Top-K exchange of {', '.join(_TOPK)}, not "
+                  f"compression={self.method!r}; set momentum_correction=0")
+        if m and self.hierarchical:
+            _fail("momentum_correction", m, "not supported with hierarchical=True (a leader would keep "
+                  "its group's velocity, not its own); set hierarchical=False or momentum_correction=0")
+        if not isinstance(self.momentum_masking, bool):
+            _fail("momentum_masking", self.momentum_masking, "must be true or false")
 
     @property
     def density_floor(self) -> float:

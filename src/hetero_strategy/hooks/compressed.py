@@ -45,7 +45,6 @@ from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule
 from hetero_strategy.hooks.streams import SideStreams
-from hetero_strategy.hooks.threshold_select import selector_for
 from hetero_strategy.hooks.tiers import TierPolicy, exchange_codec, exchange_policies
 from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState
 from hetero_strategy.hooks.weighted import WeightedReduceState
@@ -107,8 +106,8 @@ class CompressedState(WeightedReduceState):
         self._period_source = None if config.density_period or not callable(max_steps) else max_steps
         fixed = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
         period = config.density_period or fixed or 1000
-        self.schedule = DensitySchedule(config.base_density, config.density_floor, config.dense_warmup_steps,
-                                        period, cosine=config.density_schedule == "cosine")
+        self.schedule = DensitySchedule(config.base_density, config.density_floor, config.dense_warmup_steps, period,
+                                        config.density_schedule == "cosine", config.density_warmup == "exponential")
         if config.method == "tiered":  # collective: every rank's tier is gathered
             self.tiers, self.policies = exchange_policies(config, self.exchange_group,
                                                           None if self.hier is None else self.hier.groups)
@@ -120,8 +119,7 @@ class CompressedState(WeightedReduceState):
         self.cost = self._measure_cost(process_group)
         self.memory = ResidualMemory()
         # the Top-K exchange over the (leaders') exchange group, on the same residuals
-        self.topk = TopKState(self.exchange_group, config.compression_backend, self.memory,
-                              shared_indices=self.codec == "topk_allreduce", selector=selector_for(config))
+        self.topk = TopKState.for_config(config, self.exchange_group, self.memory, self.codec == "topk_allreduce")
         self.streams = SideStreams(enabled=config.side_streams)
         # NOTE: parameters (ordinals) that may hold a residual, from the agreed plan only, so every rank
         # agrees on which buckets may skip the codec; flat exchanges only (hierarchical ones never take
@@ -236,7 +234,7 @@ class CompressedState(WeightedReduceState):
         out = super().state_dict()
         out.update(self.memory.state_dict(), total_numel=self.total_numel, tiers=self.tiers, dirty=sorted(self.dirty),
                    total_bytes_sent=self.total_bytes_sent, total_bytes_received=self.total_bytes_received)
-        return {**out, **self.topk.state_dict()}  # agreed index sets, thresholds: a resume sends alike
+        return {**out, **self.topk.state_dict()}  # index sets, thresholds, velocities: a resume sends alike
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -29,9 +29,11 @@ def _warmup(state: CompressedState, bucket: dist.GradBucket, mode: str,
     entries sent so because compressing them does not pay)."""
     # NOTE: name the parameters now: step 0 always runs DDP's initial bucket layout, so the
     # first-seen order (the residuals' checkpoint keys) is the same in every run of this model
-    state.memory.keys(bucket)
+    keys = state.memory.keys(bucket)
     state.scale_bucket(bucket, clip=mode != "warmup")
     buf = bucket.buffer()
+    if state.topk.momentum is not None:  # momentum_correction: every rank sends its velocity
+        state.topk.momentum.dense_(bucket.index(), keys, buf, [g.numel() for g in bucket.gradients()])
     fut, sent = comm.all_reduce(buf, state.process_group)
     state.account(bucket, mode, sent, buf.numel(), fallback)
     return comm.then(fut, lambda: buf)

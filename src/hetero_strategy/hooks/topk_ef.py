@@ -33,8 +33,9 @@ import torch.distributed as dist
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import Chunk, chunk_bounds, finish_exchange, issue_chunk, nonfinite_marker
 from hetero_strategy.hooks.memory import ResidualMemory
+from hetero_strategy.hooks.momentum import MomentumCorrection
 from hetero_strategy.hooks.shared_indices import IndexAgreement
-from hetero_strategy.hooks.threshold_select import ThresholdSelector
+from hetero_strategy.hooks.threshold_select import ThresholdSelector, selector_for
 
 __all__ = ["TopKPlan", "TopKState", "encode_chunks", "store_residuals", "topk_ef_exchange"]
 
@@ -70,21 +71,23 @@ class TopKState:
             instead of gathering each rank's own top-k.
         selector: pick the entries above reused thresholds instead of the exact top-k
             (``selection="threshold"``, :mod:`.threshold_select`); None: exact.
+        momentum: DGC's momentum correction (:mod:`.momentum`): the exchange sends and keeps
+            velocity, not the gradient (None: plain error feedback).
     """
 
     __slots__ = (
         # hyper-parameters
         "process_group", "backend",
         # internal state
-        "memory", "agreement", "selector",
+        "memory", "agreement", "selector", "momentum",
         # stats (of the last call)
         "last_bytes_sent", "last_entries_sent", "last_entries_measured",
     )  # fmt: skip
 
     def __init__(self, process_group: "dist.ProcessGroup | None" = None, backend: str = "auto",
                  memory: "ResidualMemory | None" = None, shared_indices: bool = False,
-                 selector: "ThresholdSelector | None" = None) -> None:
-        self.process_group, self.backend = process_group, backend
+                 selector: "ThresholdSelector | None" = None, momentum: "MomentumCorrection | None" = None) -> None:
+        self.process_group, self.backend, self.momentum = process_group, backend, momentum
         self.memory = ResidualMemory() if memory is None else memory
         self.agreement = IndexAgreement(process_group) if shared_indices else None
         self.selector = selector
@@ -94,21 +97,34 @@ class TopKState:
         # 0-d device count, read only by the metrics (no host sync in a hook)
         self.last_entries_measured: int | torch.Tensor = 0
 
+    @classmethod
+    def for_config(cls, config, process_group: "dist.ProcessGroup | None", memory: ResidualMemory,
+                   shared_indices: bool) -> "TopKState":
+        """The exchange a :class:`CompressionConfig` asks for: its backend, selection and momentum."""
+        return cls(process_group, config.compression_backend, memory, shared_indices, selector_for(config),
+                   MomentumCorrection.of(config.momentum_correction, config.momentum_masking))
+
     def capacity(self, k: int, n: int) -> int:
         """Payload slots of a segment of ``n`` entries whose largest planned k over ranks is ``k``:
         k, or more under threshold selection (room for a threshold that lets more through)."""
         return k if self.selector is None else self.selector.capacity(k, n)
 
     def state_dict(self) -> dict:
-        """The agreed index sets and the thresholds: a resume sends where it would have."""
+        """What the exchange keeps beside the residuals: agreed index sets, thresholds, velocities."""
         out = {} if self.agreement is None else {"shared_indices": self.agreement.state_dict()}
-        return out if self.selector is None else {**out, "thresholds": self.selector.state_dict()}
+        if self.selector is not None:
+            out["thresholds"] = self.selector.state_dict()
+        if self.momentum is not None:
+            out.update(self.momentum.state_dict())
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if self.agreement is not None:
             self.agreement.load_state_dict(state.get("shared_indices", {}))
         if self.selector is not None:
             self.selector.load_state_dict(state.get("thresholds", {}))
+        if self.momentum is not None:  # a checkpoint without velocities starts them at zero
+            self.momentum.load_state_dict(state)
 
 
 def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat: torch.Tensor,
@@ -118,12 +134,13 @@ def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat
 
     1. acc = flat + gamma * residual[index] (fp32, in ``flat`` when it is fp32), chunk after chunk
        of whole segments (at most ``stages``), each with a non-finite marker (0 or NaN, on device);
+       with ``state.momentum``, flat is first replaced by this rank's velocity u = m * u + flat;
     2. per sparse segment its ``ks`` largest |acc| in ``caps`` slots; dense segments whole
        (k = 0: zeros, the segment stays in the residual);
     3. per chunk, issued at once: one all-gather of values + int32 indices (+ the marker), one
        all-reduce of the dense segments (+ the marker when nothing is gathered);
-    4. residual[index] = acc minus what was sent, unless this rank's acc is non-finite: then the
-       residual keeps its last finite value, every chunk of it;
+    4. residual[index] = acc minus what was sent (and u masked at the sent sparse entries), unless
+       this rank's acc is non-finite: then residual and u keep their last finite values;
     5. the future's value: dense sums + every rank's sparse entries, in ``flat`` (its dtype); all
        NaN on every rank when any rank's acc was non-finite.
 
@@ -139,17 +156,24 @@ def topk_ef_exchange(state: TopKState, index: int, keys: "tuple[int, ...]", flat
         total = topk_ef_exchange(state, 0, (0,), delta, [delta.numel()], plan).wait()
     """
     residual = state.memory.residual(index, keys, list(flat.split(sizes)))  # (n,) fp32
+    buf, velocity = flat, None
+    if state.momentum is not None:  # DGC: the residual accumulates velocity, not the gradient
+        velocity = state.momentum.advance(index, keys, flat, sizes)  # (u_{t-1}, u_t), (n,) fp32 each
+        buf = velocity[1].clone()  # acc is built here (fp32: in place); u_t waits for the store
     segment = _segments(sizes)
     shared = None
     if state.agreement is not None:  # topk_allreduce: the index set every rank sends at
         shared = state.agreement.agree(keys, plan.sparse, plan.caps,
-                                       lambda j: flat[segment(j)].float() + gamma * residual[segment(j)])
+                                       lambda j: buf[segment(j)].float() + gamma * residual[segment(j)])
     pending, kept = [], []
     # NOTE: each chunk's collectives start as soon as it is encoded, so the next chunk's codec work
     # overlaps them (one chunk unless stages asks for more)
-    for chunk, res, acc in encode_chunks(state, flat, residual, sizes, plan, gamma, stages, shared, keys):
+    for chunk, res, acc in encode_chunks(state, buf, residual, sizes, plan, gamma, stages, shared, keys):
         pending.append(issue_chunk(state.process_group, chunk))
         kept.append((chunk.marker, res, acc))
+    if velocity is not None:  # buf now holds what stays in the residual
+        state.momentum.mask_(velocity[1], buf, sizes, plan.sparse, plan.ks)
+        kept.append((kept[0][0], *velocity))  # stored, or kept on a NaN step, with the residual
     store_residuals(kept)
     state.last_bytes_sent = sum(p.nbytes for p in pending)
     if state.agreement is not None:  # the next call's indices, on the wire beside this call's sums
@@ -181,7 +205,8 @@ def encode_chunks(state: TopKState, buf: torch.Tensor, residual: torch.Tensor, s
 
 
 def store_residuals(kept: "list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]") -> None:
-    """Each chunk's accumulator becomes its residual, from (marker, residual slice, acc) per chunk.
+    """Each chunk's accumulator becomes its residual, from (marker, residual slice, acc) per chunk
+    (and the velocity its new value, from (marker, u_{t-1}, u_t), with momentum correction).
 
     Never store a non-finite step: a NaN anywhere in this rank's tensor keeps all of its old
     residual (as one chunk would), so the chunking cannot change what a dropped step leaves behind.

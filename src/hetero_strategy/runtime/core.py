@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
+from hetero_strategy.hooks.momentum import optimizer_momentum_warning
 from hetero_strategy.hybrid import HybridTraining
 from hetero_strategy.precision import RankPrecision
 from hetero_strategy.runtime.gate import StepGate
@@ -244,8 +245,11 @@ class HeteroRuntime:
         self.training.before_optimizer_step(optimizer)
 
     def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
-        """Once the optimizers exist: refuse local clipping on still-scaled gradients (collective in hybrid mode)."""
+        """Once the optimizers exist: refuse local clipping on still-scaled gradients (collective in hybrid
+        mode); warn about an optimizer's momentum beside the hook's (``momentum_correction``)."""
         self.training.check_local_clipping(optimizers, loss_scaled)
+        if message := optimizer_momentum_warning(self.config.compression.momentum_correction, optimizers):
+            self.info_warning(message)
 
     def join(self) -> None:
         """This rank's data is over: in a local phase, join the others' syncs until all joined (collective)."""
