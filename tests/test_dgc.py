@@ -18,7 +18,7 @@ from dist_utils import init_gloo, run_distributed
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetero_strategy.config import ConfigError, CompressionConfig
+from hetero_strategy.config import CompressionConfig, ConfigError
 from hetero_strategy.hooks import CompressedState, topk_hook
 from hetero_strategy.hooks.momentum import optimizer_momentum_warning
 from hetero_strategy.hooks.schedule import DensitySchedule
