@@ -114,3 +114,14 @@ def test_every_rank_takes_the_same_decision_and_a_resume_keeps_it() -> None:
     assert out[0]["decision"]["tier"] == "eth1g" and out[0]["decision"]["tiers"] == ["ib", "eth1g"]
     assert out[0]["said"] and out[0]["said"][0].startswith("compression=auto: eth1g link (2 ranks")
     assert out[1]["said"] == []
+
+
+def test_a_codec_must_be_clearly_faster_to_replace_dense() -> None:
+    # one 1000x1000 matrix, 2 ranks, no latency: dense sends 4 MB, fp16 2 MB plus a cast of 1e6
+    # entries. At 1e9 B/s dense is 4.0 ms; a 1.7 ns cast makes fp16 2.0 + 1.7 = 3.7 ms: ahead by
+    # 7.5%, within the 10% margin, so dense stays; a 1.5 ns cast (3.5 ms, 12.5% ahead) takes fp16.
+    m = AutoMeasurement(link_bytes_per_s=1e9, latency_s=0.0, topk_s_per_entry={0.01: 1.0, 0.05: 1.0},
+                        cast_s_per_entry=1.7e-9, powersgd_s={r: 1.0 for r in (1, 2, 4, 8)})
+    assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "dense"
+    m.cast_s_per_entry = 1.5e-9
+    assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "fp16"
