@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
 from hetero_strategy.config import TIERS
-from hetero_strategy.dist import allreduce_seconds, device_for, measure_bandwidth_gbps
+from hetero_strategy.dist import all_gather_floats, allreduce_seconds, device_for, measure_bandwidth_gbps
 from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
 from hetero_strategy.hooks.wire_model import bytes_per_rank, collectives
 
@@ -157,10 +157,9 @@ def buckets_of(shapes: Sequence[Sequence[int]], cap_bytes: int = 25 << 20) -> li
     return out
 
 
-def _slowest(values: list[float], device: torch.device, group) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
+def _slowest(values: list[float], group) -> list[float]:
+    """Each figure's largest value over the ranks (collective)."""
+    return [max(column) for column in zip(*all_gather_floats(values, group))]
 
 
 def _powersgd_seconds(shapes: Sequence[Sequence[int]], rank: int, device: torch.device, repeats: int = 2) -> float:
@@ -201,7 +200,7 @@ def measure(process_group, shapes: Sequence[Sequence[int]], backend: str = "auto
     cast = (time.perf_counter() - t0) / x.numel()
     local = [measure_codec_seconds_per_entry(device, backend, d) for d in densities]
     local += [_powersgd_seconds(shapes, r, device) for r in ranks]
-    agreed = _slowest([cast, *local], device, process_group)
+    agreed = _slowest([cast, *local], process_group)
     gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)  # agreed inside
     latency = allreduce_seconds(1, process_group, iters=5)
     return AutoMeasurement(link_bytes_per_s=gbps * 1e9 / 8, latency_s=latency,
