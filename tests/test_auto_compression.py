@@ -125,3 +125,14 @@ def test_a_codec_must_be_clearly_faster_to_replace_dense() -> None:
     assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "dense"
     m.cast_s_per_entry = 1.5e-9
     assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "fp16"
+
+
+def test_fp16_is_judged_by_its_measured_all_reduce_not_by_its_bytes() -> None:
+    # Same matrix, a free cast: bytes alone make fp16 2.0 ms against dense's 4.0 ms. Where the fp16
+    # all-reduce was measured as slow as the fp32 one (gloo sums fp16 on the CPU), fp16 is 4.0 ms:
+    # no faster, so dense stays; measured at 0.6 of fp32's time it is 2.4 ms and wins.
+    m = AutoMeasurement(link_bytes_per_s=1e9, latency_s=0.0, topk_s_per_entry={0.01: 1.0, 0.05: 1.0},
+                        cast_s_per_entry=0.0, powersgd_s={r: 1.0 for r in (1, 2, 4, 8)}, fp16_time_ratio=1.0)
+    assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "dense"
+    m.fp16_time_ratio = 0.6
+    assert choose(m, buckets_of(SHAPES), 2, ["eth10g"] * 2).codec == "fp16"

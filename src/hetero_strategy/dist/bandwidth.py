@@ -15,8 +15,9 @@ __all__ = ["allreduce_seconds", "measure_bandwidth_gbps"]
 _PROBE_NUMELS = (1 << 16, 1 << 20, 1 << 23)
 
 
-def allreduce_seconds(numel: int, process_group: dist.ProcessGroup | None = None, iters: int = 1) -> float:
-    """Seconds per fp32 sum all-reduce of ``numel`` elements: the slowest rank's mean over ``iters``
+def allreduce_seconds(numel: int, process_group: dist.ProcessGroup | None = None, iters: int = 1,
+                      dtype: torch.dtype = torch.float32) -> float:
+    """Seconds per sum all-reduce of ``numel`` elements (fp32 unless ``dtype``): the slowest rank's mean over ``iters``
     calls after one untimed warm-up (connection set-up, allocation). Collective; every rank gets
     the same number, so loops sized from it run the same count everywhere.
 
@@ -25,7 +26,7 @@ def allreduce_seconds(numel: int, process_group: dist.ProcessGroup | None = None
         dt = allreduce_seconds(1 << 20)         # 4 MiB; algbw = 4 MiB * 8 / dt
     """
     device = device_for(process_group)
-    payload = torch.ones(max(1, numel), dtype=torch.float32, device=device)
+    payload = torch.ones(max(1, numel), dtype=dtype, device=device)
     dist.all_reduce(payload, group=process_group)
     dist.barrier(group=process_group)  # every rank starts the clock together
     t0 = time.perf_counter()

@@ -100,6 +100,9 @@ class AutoMeasurement:
     cast_s_per_entry: float
     powersgd_s: dict[int, float]
     backend: str = "gloo"
+    fp16_time_ratio: float = 0.5
+    """An fp16 all-reduce's time over an fp32 one's of as many entries: about 0.5 where the link
+    limits (NCCL), more where the reduction's own arithmetic does (gloo adds fp16 on the CPU)."""
 
 
 @dataclass
@@ -195,15 +198,19 @@ def measure(process_group, shapes: Sequence[Sequence[int]], backend: str = "auto
     densities = sorted({c.density for c in CANDIDATES if c.density is not None})
     ranks = sorted({c.rank for c in CANDIDATES if c.rank is not None})
     x = torch.randn(max(1, min(numel, 1 << 20)), device=device)
-    t0 = time.perf_counter()
-    x.half().float()
-    cast = (time.perf_counter() - t0) / x.numel()
+    cast = math.inf
+    for _ in range(3):  # the first pass also pays allocation
+        t0 = time.perf_counter()
+        x.half().float()
+        cast = min(cast, (time.perf_counter() - t0) / x.numel())
     local = [measure_codec_seconds_per_entry(device, backend, d) for d in densities]
     local += [_powersgd_seconds(shapes, r, device) for r in ranks]
     agreed = _slowest([cast, *local], process_group)
     gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)  # agreed inside
     latency = allreduce_seconds(1, process_group, iters=5)
-    return AutoMeasurement(link_bytes_per_s=gbps * 1e9 / 8, latency_s=latency,
+    n = x.numel()
+    ratio = allreduce_seconds(n, process_group, 3, torch.float16) / max(allreduce_seconds(n, process_group, 3), 1e-9)
+    return AutoMeasurement(link_bytes_per_s=gbps * 1e9 / 8, latency_s=latency, fp16_time_ratio=ratio,
                            topk_s_per_entry=dict(zip(densities, agreed[1:1 + len(densities)])),
                            cast_s_per_entry=agreed[0], powersgd_s=dict(zip(ranks, agreed[1 + len(densities):])),
                            backend=dist.get_backend(process_group))
@@ -215,6 +222,8 @@ def predict_seconds(c: Candidate, buckets: list[list[tuple[int, ...]]], world: i
     numel = sum(math.prod(s) for b in buckets for s in b)
     sent = bytes_per_rank(c.codec, buckets, world, density=density, powersgd_rank=rank)
     send_rate = m.link_bytes_per_s * 2 * (world - 1) / world  # bytes a rank sends per second in a ring
+    if c.codec == "fp16":  # its all-reduce as measured against an fp32 one (half the bytes, maybe slower sums)
+        sent = bytes_per_rank("dense", buckets, world) * m.fp16_time_ratio
     calls = sum(len(collectives(c.codec, b, world, density, rank)) for b in buckets)
     work = {"dense": 0.0, "fp16": m.cast_s_per_entry * numel,
             "powersgd": m.powersgd_s.get(rank, 0.0),
