@@ -17,16 +17,16 @@ from typing import Any
 from hetero_strategy._registration import register_when_lightning_loads
 from hetero_strategy.config import ConfigError, HeteroConfig
 
-__all__ = ["ConfigError", "HeteroConfig", "HeteroStrategy", "__version__"]
+__all__ = ["ConfigError", "HeteroConfig", "HeteroFSDPStrategy", "HeteroStrategy", "__version__"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # NOTE: HeteroStrategy subclasses Lightning's DDPStrategy; importing it imports Lightning.
-    if name == "HeteroStrategy":
-        from hetero_strategy.lightning import HeteroStrategy
+    # NOTE: the strategies subclass Lightning's (DDPStrategy, ModelParallelStrategy); importing them imports Lightning.
+    if name in ("HeteroStrategy", "HeteroFSDPStrategy"):
+        import hetero_strategy.lightning as adapter
 
-        return HeteroStrategy
+        return getattr(adapter, name)
     raise AttributeError(f"module 'hetero_strategy' has no attribute {name!r}")
 
 

@@ -1,8 +1,10 @@
-"""Lightning adapter: ``HeteroStrategy`` and its registration as ``strategy="hetero"`` (on import)."""
+"""Lightning adapter: ``HeteroStrategy`` and ``HeteroFSDPStrategy``, registered as ``strategy="hetero"``
+(and variants) and ``strategy="hetero_fsdp"`` on import."""
 
+from hetero_strategy.lightning.fsdp import HeteroFSDPStrategy
 from hetero_strategy.lightning.strategy import HeteroStrategy
 
-__all__ = ["HeteroStrategy", "register"]
+__all__ = ["HeteroFSDPStrategy", "HeteroStrategy", "register"]
 
 
 def register() -> None:
@@ -11,6 +13,8 @@ def register() -> None:
 
     if "hetero" not in StrategyRegistry:
         HeteroStrategy.register_strategies(StrategyRegistry)
+    if "hetero_fsdp" not in StrategyRegistry:
+        HeteroFSDPStrategy.register_strategies(StrategyRegistry)
 
 
 register()

@@ -14,8 +14,8 @@ from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
 from hetero_strategy.lightning.checkpoints import check_state_dict_type
 from hetero_strategy.lightning.hybrid import check_hybrid_monitor
 
-__all__ = ["check_checkpoint_dir", "check_ddp_kwargs", "dropping_nonfinite", "max_steps_of", "refuse_comm_hooks",
-           "strategy_config"]
+__all__ = ["check_checkpoint_dir", "check_ddp_kwargs", "dropping_nonfinite", "flat_config", "max_steps_of",
+           "refuse_comm_hooks", "strategy_config"]
 
 
 def max_steps_of(trainer: Any) -> int | Any | None:
@@ -32,18 +32,24 @@ def strategy_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) 
     """HeteroStrategy's HeteroConfig: ``config`` with the fields given as keywords on top (those of
     ``named``, the constructor's own, that are set, and those of ``kwargs``, popped from it); every
     keyword checked here, before anything is built."""
-    owners = field_owners()
-    flat = {k: v for k, v in named.items() if k in owners and v is not None}
-    flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
-    if named.get("compression") is not None:
-        flat["compression"] = named["compression"]
-    resolved = HeteroConfig.resolve(config, flat)
+    resolved = flat_config(config, named, kwargs)
     check_ddp_kwargs(kwargs)
     check_checkpoint_dir(resolved)
     check_state_dict_type(named["state_dict_type"])
     check_hybrid_monitor(named["hybrid_monitor"])
     refuse_comm_hooks(kwargs)
     return resolved
+
+
+def flat_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
+    """``config`` with the HeteroConfig fields among ``named`` (set ones) and ``kwargs`` (popped) on top."""
+    owners = field_owners()
+    flat = {k: v for k, v in named.items() if k in owners and v is not None}
+    flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
+    compression = named.get("compression", kwargs.pop("compression", None))  # the section's shorthand
+    if compression is not None:
+        flat["compression"] = compression
+    return HeteroConfig.resolve(config, flat)
 
 
 def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ Lifecycle (each step is a small override of ``DDPStrategy`` that calls ``super()
     save/load_checkpoint  -> every rank's sampler and hook state: gathered into Lightning's file, or
                              each rank's own shard, asynchronously (state_dict_type="sharded")
 
-Its parts are held, not inherited: the runtime (per run), LoaderPlacement, CheckpointFormats, HybridLoop.
+Its parts are held, not inherited: the runtime (per run), LoaderPlacement, CheckpointFormats, HybridLoop;
+the events it shares with ``HeteroFSDPStrategy`` (data, batch start, step end) are RuntimeParts'.
 """
 
 from __future__ import annotations
@@ -26,31 +27,23 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from hetero_strategy.balance import HeteroBatchSampler
-from hetero_strategy.balance.online import OnlineBalancer
-from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.lightning.checkpoints import CheckpointFormats, readable_checkpoint
-from hetero_strategy.lightning.dataloaders import LoaderPlacement
 from hetero_strategy.lightning.environment import allow_uneven_nodes, job_world_size
 from hetero_strategy.lightning.hybrid import HybridLoop
 from hetero_strategy.lightning.metrics import log_runtime_metrics
 from hetero_strategy.lightning.options import dropping_nonfinite, max_steps_of, strategy_config
 from hetero_strategy.lightning.precision import check_trainer_precision, policy_plugin
-from hetero_strategy.lightning.probe import probe_lightning_module
-from hetero_strategy.lightning.runs import Owner, carried_runtime
-from hetero_strategy.runtime import HeteroRuntime, StepTimer
+from hetero_strategy.lightning.runtime_parts import RuntimeParts
 from hetero_strategy.runtime.sharded_io import is_sharded
 
 __all__ = ["HeteroStrategy"]
 
 
-class HeteroStrategy(DDPStrategy):
+class HeteroStrategy(RuntimeParts, DDPStrategy):
     """DDP for heterogeneous clusters.
 
     The DataLoader's ``batch_size`` B is the *mean* per-rank batch: the global batch G = B x world
@@ -122,9 +115,7 @@ class HeteroStrategy(DDPStrategy):
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method, **kwargs)
-        self._runtime: HeteroRuntime | None = None
-        self._owner: Owner | None = None  # (trainer, module) of the last run
-        self._loaders = LoaderPlacement()  # who places the samplers, per stage
+        self._init_parts()  # the runtime (per run) and the loader placement (runtime_parts.py)
         self._checkpoints = CheckpointFormats()  # "full" and "sharded", with the writer between saves
         self._hybrid = HybridLoop(hybrid_monitor)  # mode="hybrid": local-SGD phases in Lightning's loop
 
@@ -140,29 +131,6 @@ class HeteroStrategy(DDPStrategy):
                 ("hetero_tiered", "hetero with per-link-tier compression", {"compression": "tiered"}),
                 ("hetero_spawn", "hetero with start_method='spawn'", {"start_method": "spawn"})):
             strategy_registry.register(name, cls, description=description, **options)
-
-    # ---- the framework-free core (see hetero_strategy.runtime) ----------------------------
-    @property
-    def runtime(self) -> HeteroRuntime:
-        if self._runtime is None:
-            raise RuntimeError("HeteroStrategy.runtime exists once the strategy's environment is set up")
-        return self._runtime
-
-    @property
-    def hook_state(self) -> Any:
-        return None if self._runtime is None else self._runtime.hook_state
-
-    @property
-    def sampler(self) -> HeteroBatchSampler | None:
-        return None if self._runtime is None else self._runtime.sampler
-
-    @property
-    def balancer(self) -> OnlineBalancer | None:
-        return None if self._runtime is None else self._runtime.balancer
-
-    @property
-    def timer(self) -> StepTimer | None:
-        return None if self._runtime is None else self._runtime.timer
 
     @property
     def hybrid_monitor(self) -> str:
@@ -191,12 +159,7 @@ class HeteroStrategy(DDPStrategy):
         self.hetero_config.balance.check_world_size(
             job_world_size(self.cluster_environment, self.num_nodes, self.num_processes))
         super().setup_environment()
-        # a Trainer's earlier run of this model (fit, then fit again or test) goes on from there
-        previous, self._owner = carried_runtime(self._runtime, self._owner, self.lightning_module)
-        self._runtime = HeteroRuntime(self.hetero_config, self.global_rank, self.world_size,
-                                      info=rank_zero_info, warn=rank_zero_warn)
-        self._runtime.setup_precision(self.root_device)
-        self._runtime.continue_from(previous)
+        self._start_runtime().setup_precision(self.root_device)
 
     @override
     def _register_ddp_hooks(self) -> None:
@@ -205,40 +168,11 @@ class HeteroStrategy(DDPStrategy):
         assert isinstance(self.model, DistributedDataParallel)
         self.runtime.register_hook(self.model, max_steps=max_steps_of(self._trainer()))
 
-    def _trainer(self) -> Any:
-        return self.lightning_module.trainer if self.lightning_module is not None else None
-
-    # ---- data ----------------------------------------------------------------------------
-    @override
-    def process_dataloader(self, dataloader: object) -> object:
-        trainer = self._trainer()
-        if not isinstance(dataloader, DataLoader) or trainer is None:
-            return dataloader
-        return self._loaders.place(dataloader, trainer, self.runtime, measure=self._measure, rank=self.global_rank,
-                                   seed=self.hetero_config.balance.seed, world_size=self.world_size)
-
-    def _measure(self, batches: list[tuple[Any, int]], exchange: ProbeExchange) -> StepCost | None:
-        """The probe of the real model's training_step, batches moved to this rank's device."""
-        on_device = [(self.batch_to_device(b, dataloader_idx=0), n) for b, n in batches]
-        with self.runtime.autocast():  # timed in the dtype this rank will train in
-            return probe_lightning_module(self.lightning_module, on_device, self.hetero_config.balance.probe_steps,
-                                          exchange=exchange)
-
-    # ---- per step ------------------------------------------------------------------------
-    @override
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        self.runtime.batch_start(step_in_epoch=batch_idx)
-
+    # ---- per step (batch start, forward and step end: runtime_parts.py) --------------------
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         super().post_backward(closure_loss)
         self.runtime.backward_end()
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self.runtime.phase("forward"):  # DDP's forward may sync buffers: a collective
-            return super().training_step(*args, **kwargs)
 
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -251,9 +185,7 @@ class HeteroStrategy(DDPStrategy):
             closure = dropping_nonfinite(closure, optimizer, self.runtime)  # a GradScaler decides itself
         out = super().optimizer_step(optimizer, self._hybrid.closure(closure, self.model, self.runtime), model,
                                      **kwargs)
-        trainer = self._trainer()
-        self.runtime.step_end(trainer.global_step if trainer is not None else None)
-        log_runtime_metrics(self.lightning_module, trainer, self.runtime)
+        trainer = self._step_end()
         if self._hybrid.join_if_done(trainer, self.runtime):  # this rank's training stops here
             log_runtime_metrics(self.lightning_module, trainer, self.runtime)
         return out
@@ -264,10 +196,6 @@ class HeteroStrategy(DDPStrategy):
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     # ---- checkpoints (see hetero_strategy.lightning.checkpoints) ---------------------------
-    def hetero_state_dict(self) -> dict:
-        """This rank's hetero state: sampler schedule, hook state (e.g. residuals), calibrator."""
-        return self.runtime.state_dict()
-
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         self.runtime.require_synced("a checkpoint save")

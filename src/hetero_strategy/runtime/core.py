@@ -15,9 +15,9 @@ it from its framework's events::
         if runtime.metrics_due(step, every=50):
             log(runtime.metrics())                             # one all-gather, every rank
 
-It works on bare ``torch.nn.parallel.DistributedDataParallel``; nothing here imports a framework.
-It holds its parts and forwards to them: :mod:`.state` (checkpoints), :mod:`.training_mode` (the
-hybrid events, no-ops in sync mode), :mod:`.gate` (precision, non-finite steps), timer, stall watch.
+It works on bare DDP, or on FSDP2 (``register_sharded``); nothing here imports a framework. It
+holds its parts and forwards to them: :mod:`.state` (checkpoints), :mod:`.training_mode` (hybrid
+events, no-ops in sync mode), :mod:`.gate` (precision, non-finite steps), timer, stall watch.
 """
 
 from __future__ import annotations
@@ -35,19 +35,20 @@ from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.hooks.momentum import optimizer_momentum_warning
 from hetero_strategy.hybrid import HybridTraining
 from hetero_strategy.precision import RankPrecision
+from hetero_strategy.runtime.fsdp import ShardedReduction
 from hetero_strategy.runtime.gate import StepGate
 from hetero_strategy.runtime.planner import Measure, plan_train_loader
 from hetero_strategy.runtime.stall import StallWatch, hook_groups
 from hetero_strategy.runtime.state import RuntimeState
 from hetero_strategy.runtime.timer import StepTimer
-from hetero_strategy.runtime.training_mode import SyncTraining, TrainingMode
+from hetero_strategy.runtime.training_mode import SyncTraining, TrainingEvents, TrainingMode
 
 __all__ = ["HeteroRuntime"]
 
 log = logging.getLogger("hetero_strategy")
 
 
-class HeteroRuntime:
+class HeteroRuntime(TrainingEvents):
     """Plan, sampler, hook state, calibrator, timer and checkpoint state of one rank.
 
     Args:
@@ -106,10 +107,20 @@ class HeteroRuntime:
         self.state.attach(hook=hook_state)
         ddp_model.register_comm_hook(hook_state, self.gate.guard.wrap_hook(hook))
         self.training.attach(ddp_model)
+        self._watch(hook_groups(hook_state))
+
+    def register_sharded(self, fsdp_modules: list[Any]) -> ShardedReduction:
+        """FSDP2 in place of DDP: a summed reduce-scatter, and the weight b_r / G_t the adapter puts on the
+        loss (``reduction.weigh(loss)``); set at every :meth:`batch_start`, like the DDP hook's."""
+        reduction = ShardedReduction(fsdp_modules, self.world_size)
+        self.state.attach(hook=reduction)
+        self._watch([])
+        return reduction
+
+    def _watch(self, groups: list[Any]) -> None:
         # Inside runtime.phase(...) no collective waits longer than stall_timeout_s, and a failed one is explained
         if self.watch is None and self.world_size > 1:
-            self.watch = StallWatch(self.rank, self.world_size, self.config.reliability.stall_timeout_s,
-                                    groups=hook_groups(hook_state))
+            self.watch = StallWatch(self.rank, self.world_size, self.config.reliability.stall_timeout_s, groups=groups)
 
     def phase(self, where: str) -> contextlib.AbstractContextManager:
         """``with runtime.phase("exchange"): loss.backward()``: collectives inside wait at most
@@ -235,46 +246,13 @@ class HeteroRuntime:
         sizes = self.sampler.batch_sizes if self.sampler is not None else [self.local_batch] * self.world_size
         return self.timer.summary(sizes)
 
-    # ---- the hybrid mode's events (docs/hybrid.md): no-ops in sync mode ----------------------
-    def local_step(self, ddp_model: Any) -> contextlib.AbstractContextManager:
-        """``with runtime.local_step(ddp): loss.backward()``: no gradient exchange in a local phase."""
-        return self.training.local_step(ddp_model)
-
-    def before_optimizer_step(self, optimizer: Any) -> None:
-        """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
-        self.training.before_optimizer_step(optimizer)
-
+    # ---- the hybrid mode's events: TrainingEvents (runtime/training_mode.py); and this one ------
     def check_local_clipping(self, optimizers: Any, loss_scaled: bool) -> None:
         """Once the optimizers exist: refuse local clipping on still-scaled gradients (collective in hybrid
         mode); warn about an optimizer's momentum beside the hook's (``momentum_correction``)."""
         self.training.check_local_clipping(optimizers, loss_scaled)
         if message := optimizer_momentum_warning(self.config.compression.momentum_correction, optimizers):
             self.info_warning(message)
-
-    def join(self) -> None:
-        """This rank's data is over: in a local phase, join the others' syncs until all joined (collective)."""
-        self.training.join()
-
-    def evaluated(self, val_loss: float) -> bool:
-        """Every rank, at each evaluation (right after a sync): the phase schedule; True on a switch."""
-        return self.training.evaluated(val_loss)
-
-    @property
-    def synced(self) -> bool:
-        """Every rank holds the same model now (always, outside local phases): where to evaluate or save."""
-        return self.training.synced
-
-    def checkpoint_step(self) -> int:
-        """What checkpoints are scheduled and named by, alike on every rank (hybrid: the synced points)."""
-        return self.training.sync_points(self.steps)
-
-    def metrics_point(self, step: int, every: int) -> bool:
-        """Whether every rank gathers :meth:`metrics` after the framework's ``step`` (hybrid: synced points)."""
-        return self.training.synced and self.metrics_due(self.training.sync_points(step), every)
-
-    def require_synced(self, what: str) -> None:
-        """Refuse a collective or a save (``what``) where the ranks' models and step counts differ."""
-        self.training.require_synced(what)
 
     # ---- checkpoints: this rank's RuntimeState (runtime/state.py documents each) ------------------
     def state_dict(self) -> dict[str, Any]:

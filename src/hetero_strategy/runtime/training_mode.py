@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
-__all__ = ["SyncTraining", "TrainingMode"]
+__all__ = ["SyncTraining", "TrainingEvents", "TrainingMode"]
 
 
 class TrainingMode(Protocol):
@@ -78,3 +78,45 @@ class SyncTraining:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+
+class TrainingEvents:
+    """The hybrid mode's events as :class:`~hetero_strategy.runtime.HeteroRuntime` methods (docs/hybrid.md):
+    each forwards to the runtime's ``training`` (a :class:`TrainingMode`); no-ops in sync mode."""
+
+    training: TrainingMode
+    steps: int
+    metrics_due: Any  # HeteroRuntime.metrics_due(step, every)
+
+    def local_step(self, ddp_model: Any) -> contextlib.AbstractContextManager:
+        """``with runtime.local_step(ddp): loss.backward()``: no gradient exchange in a local phase."""
+        return self.training.local_step(ddp_model)
+
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """Just before ``optimizer.step()``: local gradient clipping in a local phase."""
+        self.training.before_optimizer_step(optimizer)
+
+    def join(self) -> None:
+        """This rank's data is over: in a local phase, join the others' syncs until all joined (collective)."""
+        self.training.join()
+
+    def evaluated(self, val_loss: float) -> bool:
+        """Every rank, at each evaluation (right after a sync): the phase schedule; True on a switch."""
+        return self.training.evaluated(val_loss)
+
+    @property
+    def synced(self) -> bool:
+        """Every rank holds the same model now (always, outside local phases): where to evaluate or save."""
+        return self.training.synced
+
+    def checkpoint_step(self) -> int:
+        """What checkpoints are scheduled and named by, alike on every rank (hybrid: the synced points)."""
+        return self.training.sync_points(self.steps)
+
+    def metrics_point(self, step: int, every: int) -> bool:
+        """Whether every rank gathers :meth:`metrics` after the framework's ``step`` (hybrid: synced points)."""
+        return self.training.synced and self.metrics_due(self.training.sync_points(step), every)
+
+    def require_synced(self, what: str) -> None:
+        """Refuse a collective or a save (``what``) where the ranks' models and step counts differ."""
+        self.training.require_synced(what)
