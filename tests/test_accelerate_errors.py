@@ -56,10 +56,17 @@ def test_accelerator_settings_it_cannot_honour(kwargs, words):
         assert w in str(e.value)
 
 
-@pytest.mark.parametrize("kind", [DistributedType.DEEPSPEED, DistributedType.FSDP])
+@pytest.mark.parametrize("kind", [DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM])
 def test_sharded_distributed_types_are_refused_with_what_to_use(kind):
     fake = SimpleNamespace(distributed_type=kind, split_batches=False, dispatch_batches=False, ddp_handler=None)
     with pytest.raises(ConfigError, match=f"distributed_type={kind.name} is invalid.*launch with DDP"):
+        check_accelerator(fake)
+
+
+def test_fsdp1_is_refused_naming_fsdp_version_2():
+    fake = SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False, split_batches=False,
+                           dispatch_batches=False, ddp_handler=None)
+    with pytest.raises(ConfigError, match=r"fsdp_version=1\) is invalid.*use fsdp_version=2"):
         check_accelerator(fake)
 
 

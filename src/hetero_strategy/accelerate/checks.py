@@ -15,11 +15,18 @@ def check_accelerator(accelerator: Any) -> None:
     """Refuse distributed types, data-loader modes and comm hooks that would break hetero's semantics."""
     kind = accelerator.distributed_type.name if hasattr(accelerator.distributed_type, "name") \
         else str(accelerator.distributed_type)
-    if kind not in _SUPPORTED:
+    if kind == "FSDP" and getattr(accelerator, "is_fsdp2", False):
+        pass  # FSDP2: a summed reduce-scatter, the loss weighted per rank (runtime/fsdp.py)
+    elif kind == "FSDP":
+        raise ConfigError("FullyShardedDataParallelPlugin(fsdp_version=1) is invalid with HeteroPlugin: it weights "
+                          "ranks through FSDP2's reduce-scatter; use fsdp_version=2 (fsdp_version: 2 in the "
+                          "accelerate config), or DDP")
+    elif kind not in _SUPPORTED:
         raise ConfigError(
             f"Accelerator.distributed_type={kind} is invalid with HeteroPlugin: it sizes per-rank batches and "
-            "reduces gradients in a DDP comm hook, and DeepSpeed/FSDP/Megatron/XLA shard or reduce gradients "
-            "themselves. Use plain Accelerate for those, or launch with DDP (multi_gpu / MULTI_CPU) for hetero"
+            "reduces gradients in a DDP comm hook or FSDP2's reduce-scatter, and DeepSpeed/Megatron/XLA reduce "
+            "gradients themselves. Use plain Accelerate for those, or launch with DDP (multi_gpu / MULTI_CPU) or "
+            "FSDP2 for hetero"
         )
     if accelerator.split_batches:
         raise ConfigError(

@@ -43,6 +43,7 @@ from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, p
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
+from hetero_strategy.runtime.fsdp import check_sharded_config, fsdp_modules
 from hetero_strategy.runtime.loaders import train_loader_batch_size
 
 __all__ = ["HeteroPlugin"]
@@ -98,6 +99,8 @@ class HeteroPlugin:
         is the run's length in optimizer steps, the period of the compression density schedule.
         """
         check_accelerator(accelerator)
+        if getattr(accelerator, "is_fsdp2", False):
+            check_sharded_config(self.config)  # what FSDP2 cannot do under hetero, before any work
         check_precision(accelerator, self.config.precision.precision_policy)
         if self.runtime is not None:
             raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
@@ -124,6 +127,8 @@ class HeteroPlugin:
                 raise (second_hook_error(e) or e) from e
             # its buffer sync is a collective; in a local phase the forward runs under no_sync
             ddp.forward = in_phase(self.runtime, "forward", ddp.forward, ddp if self.runtime.hybrid else None)
+        elif fsdp_modules(ddp):  # FSDP2: plugin.backward weights the loss (the step refuses a loss it did not)
+            self.runtime.register_sharded(fsdp_modules(ddp))
         elif accelerator.num_processes > 1:
             raise ConfigError(f"model={type(model).__name__} is invalid for HeteroPlugin.prepare: with "
                               f"{accelerator.num_processes} processes it needs the DistributedDataParallel model "
@@ -135,6 +140,10 @@ class HeteroPlugin:
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
+        if fsdp_modules(ddp):
+            for inner in self._optimizers:
+                inner.register_step_pre_hook(lambda *_: self.runtime.hook_state.require_weighed(
+                    "call plugin.backward(loss) in place of accelerator.backward(loss)"))
         accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
@@ -202,7 +211,8 @@ class HeteroPlugin:
         return self.runtime.autocast()
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
-        """``accelerator.backward`` of the loss, scaled on fp16 ranks (needed with precision_policy).
+        """``accelerator.backward`` of the loss, weighted by b_r / G under FSDP2 and scaled on fp16 ranks
+        (needed with FSDP2 and with precision_policy).
 
         After the micro-batch that syncs, the overflow decision is taken from the reduced gradient
         right away, so clipping by value before ``optimizer.step()`` cannot hide an inf.

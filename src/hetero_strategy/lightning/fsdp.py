@@ -106,7 +106,6 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
                          process_group_backend=process_group_backend, timeout=timeout)
         self._init_parts()  # the runtime (per run) and the loader placement (runtime_parts.py)
         self._checkpoints = CheckpointFormats()
-        self._reduction: Any = None
 
     @classmethod
     @override
@@ -155,20 +154,13 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
             for child in module.children():
                 if any(True for _ in child.parameters()):
                     shard_model(child, mesh, self.auto_wrap_policy, self.mp_policy, self.reshard_after_forward)
-        self._reduction = self.runtime.register_sharded(fsdp_modules(module))
+        self.runtime.register_sharded(fsdp_modules(module))
 
     # ---- per step (batch start, forward and step end: runtime_parts.py) --------------------
     @override
-    def _measure(self, batches: list[tuple[Any, int]], exchange: Any) -> Any:
-        # FSDP's reduce-scatter already runs inside the probe's backward: no dense all-reduce beside it
-        from dataclasses import replace
-
-        return super()._measure(batches, replace(exchange, dense=False))
-
-    @override
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         with self.runtime.phase("exchange"):  # the reduce-scatter runs inside backward
-            return super().backward(self._reduction.weigh(closure_loss), optimizer, *args, **kwargs)
+            return super().backward(self.runtime.scale_loss(closure_loss), optimizer, *args, **kwargs)
 
     @override
     def post_backward(self, closure_loss: Any) -> None:

@@ -150,6 +150,8 @@ class HeteroRuntime(TrainingEvents):
         (collective). ``all_ranks``: yield every rank's slice in turn, for a framework that deals
         batches out itself. ``accumulate``: micro-batches per optimizer step (calibrated splits
         change only between windows)."""
+        if measure is not None and isinstance(self.hook_state, ShardedReduction):
+            measure = self.hook_state.probe(measure)
         planned = plan_train_loader(self.config, self.rank, self.world_size, loader, seed=seed, measure=measure,
                                     shuffle=shuffle, all_ranks=all_ranks, accumulate=accumulate, info=self.info,
                                     warn=self.warn)
@@ -210,7 +212,9 @@ class HeteroRuntime(TrainingEvents):
         return self.gate.autocast()
 
     def scale_loss(self, loss: Any) -> Any:
-        """The loss to call backward on: scaled on fp16 ranks, as is elsewhere."""
+        """The loss to call backward on: x b_r / G_t under FSDP2 (register_sharded); scaled on fp16 ranks."""
+        if isinstance(self.hook_state, ShardedReduction):
+            loss = self.hook_state.weigh(loss)
         return self.gate.scale_loss(loss, self.hook_state)
 
     def check_overflow(self, params: Any) -> bool:

@@ -12,7 +12,8 @@ Plain PyTorch: both adapters (Lightning's ``HeteroFSDPStrategy``, Accelerate's F
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -25,11 +26,11 @@ __all__ = ["ShardedReduction", "check_sharded_config", "fsdp_modules", "shard_mo
 SAME_DTYPE_POLICIES = ("bf16", "fp32")
 
 
-def fsdp_modules(model: nn.Module) -> list[Any]:
-    """Every FSDP2 module in ``model`` (the root included), outermost first."""
+def fsdp_modules(model: Any) -> list[Any]:
+    """Every FSDP2 module in ``model`` (the root included), outermost first; none in a non-module."""
     from torch.distributed.fsdp import FSDPModule
 
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [m for m in model.modules() if isinstance(m, FSDPModule)] if isinstance(model, nn.Module) else []
 
 
 def wrap_class_names(policy: str | type | Iterable[str | type] | None) -> set[str]:
@@ -124,11 +125,18 @@ class ShardedReduction:
             module.set_gradient_divide_factor(1.0)
         self.modules = list(modules)
         self.weight = 1.0 / world_size  # plain averaging until a plan says otherwise
+        self.weighed = False  # whether this step's loss went through weigh (refused otherwise)
 
     def set_local_batch(self, local: float, total: float) -> None:
         if total <= 0 or not 0 <= local <= total:
             raise ValueError(f"local={local}, total={total} are invalid: need 0 <= local <= total and total > 0")
         self.weight = local / total
+
+    @staticmethod
+    def probe(measure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """The start-up probe as FSDP2 runs a step: its reduce-scatter already runs inside the probe's
+        own backward, so no dense all-reduce is timed beside it (as it is for DDP's exchange)."""
+        return lambda batches, exchange: measure(batches, replace(exchange, dense=False))
 
     def state_dict(self) -> dict:  # the weight is set again at every batch start: nothing to keep
         return {}
@@ -138,4 +146,12 @@ class ShardedReduction:
 
     def weigh(self, loss: Any) -> Any:
         """This rank's mean loss times b_r / G_t: the summed reduce-scatter then gives one process's gradient."""
+        self.weighed = True
         return loss * self.weight
+
+    def require_weighed(self, fix: str) -> None:
+        """Before an optimizer step: refuse gradients from a loss that skipped :meth:`weigh` (they would
+        be summed unweighted, W times too large), naming ``fix``; then wait for the next step's."""
+        if not self.weighed:
+            raise RuntimeError(f"under FSDP2 this step's loss was not weighted by the rank's share b_r/G: {fix}")
+        self.weighed = False

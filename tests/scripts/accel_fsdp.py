@@ -1,0 +1,80 @@
+"""HeteroPlugin on Accelerate's FSDP2 for tests/test_fsdp_accelerate.py, under torchrun (2 gloo ranks).
+
+    torchrun --nproc-per-node 2 accel_fsdp.py OUT_DIR
+
+NOTE: Accelerate 1.16 turns FullyShardedDataParallelPlugin into DistributedType.FSDP only for
+GPU-like distributed types (accelerate/state.py: MULTI_GPU, MULTI_NPU ...); with cpu=True it
+stays MULTI_CPU and wraps the model in DDP. FSDP2 itself runs on gloo, so :func:`cpu_fsdp2`
+switches the Accelerator's state to FSDP2 before prepare: from there on it is Accelerate's own
+FSDP2 path (fully_shard of the model, its optimizer, accumulate's set_requires_gradient_sync).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from torch import nn
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from oracle import make_data, make_net
+
+from hetero_strategy.accelerate import HeteroPlugin
+
+
+def cpu_fsdp2(accumulate: int = 1) -> Accelerator:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    return accelerator
+
+
+def fit(steps: int, accumulate: int = 1, weighted: bool = True, **fields) -> dict:
+    accelerator = cpu_fsdp2(accumulate)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    plugin = HeteroPlugin(batch_sizes=[3, 5], **fields)
+    model, opt, loader = plugin.prepare(accelerator, net, opt, DataLoader(make_data(80), batch_size=4))
+    seen, done = [], 0
+    while done < steps:
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                seen.append(len(x))
+                loss = nn.functional.mse_loss(model(x).squeeze(1), y)
+                plugin.backward(loss) if weighted else accelerator.backward(loss)
+                opt.step()
+                opt.zero_grad()
+            done += accelerator.sync_gradients
+            if done == steps:
+                break
+    from torch.distributed.tensor import DTensor
+
+    weights = [(p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for p in model.parameters()]
+    plugin.close()
+    return {"weights": weights, "seen": seen, "sharded": type(next(model.parameters())).__name__}
+
+
+def error_of(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    result = {"plain": fit(8), "accumulate": fit(4, accumulate=2),
+              "unweighted": error_of(lambda: fit(1, weighted=False)),
+              "topk": error_of(lambda: fit(1, compression="topk"))}
+    rank = torch.distributed.get_rank()
+    torch.save(result, out_dir / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
