@@ -26,7 +26,9 @@ class BalanceConfig:
     beta: float = 0.3
     """Weight of measured link bandwidth in the capacity model."""
     max_batch_sizes: list[int] | None = None
-    """Optional per-rank memory cap on the batch size (samples)."""
+    """Optional per-rank memory cap on one forward/backward pass (samples). A rank's share of the
+    global batch follows capacity; a share above the cap runs as several passes of at most the cap,
+    with the gradient synchronised after the last one (micro-batching, runtime/micro.py)."""
     probe_steps: int = 5
     """Timed forward+backward passes per rank for the automatic probe (when neither batch_sizes
     nor capacities are given)."""
@@ -92,10 +94,6 @@ class BalanceConfig:
             _fail("batch_sizes", self.batch_sizes,
                   f"they sum to {sum(self.batch_sizes)} but dataloader batch_size x world_size = "
                   f"{global_batch}; make them sum to {global_batch}")
-        if self.max_batch_sizes is not None and sum(self.max_batch_sizes) < global_batch:
-            _fail("max_batch_sizes", self.max_batch_sizes,
-                  f"they allow only {sum(self.max_batch_sizes)} samples per step but the global "
-                  f"batch is {global_batch}; raise the caps or lower the batch size")
 
 
 @dataclass(kw_only=True, slots=True)

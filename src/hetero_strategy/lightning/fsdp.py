@@ -138,6 +138,7 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+            self._guard_zero_grad()  # micro-batching (runtime_parts.py)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
@@ -161,11 +162,6 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         with self.runtime.phase("exchange"):  # the reduce-scatter runs inside backward
             return super().backward(self.runtime.scale_loss(closure_loss), optimizer, *args, **kwargs)
-
-    @override
-    def post_backward(self, closure_loss: Any) -> None:
-        super().post_backward(closure_loss)
-        self.runtime.backward_end()
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:

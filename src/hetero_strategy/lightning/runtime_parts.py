@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
-from hetero_strategy.config import HeteroConfig
+from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.lightning.dataloaders import LoaderPlacement
 from hetero_strategy.lightning.metrics import log_runtime_metrics
 from hetero_strategy.lightning.probe import probe_lightning_module
@@ -33,6 +33,24 @@ class RuntimeParts:
     _runtime: HeteroRuntime | None
     _owner: Owner | None
     _loaders: LoaderPlacement
+
+    _early_pass = False  # inside the backward of a pass before the last (micro-batching)
+    _keep_grads = False  # the earlier passes' gradients wait in .grad: skip Lightning's next zero_grad
+
+    def _guard_zero_grad(self) -> None:
+        """Once the optimizers exist: their zero_grad skips once when the earlier passes' gradients wait."""
+        if self.hetero_config.balance.max_batch_sizes is None:
+            return  # no passes: nothing to keep
+        for optimizer in self.optimizers:
+            real = optimizer.zero_grad
+
+            def zero_grad(*args: Any, _real: Any = real, **kwargs: Any) -> None:
+                if self._keep_grads:
+                    self._keep_grads = False
+                    return
+                _real(*args, **kwargs)
+
+            optimizer.zero_grad = zero_grad
 
     def _init_parts(self) -> None:
         self._runtime = None
@@ -94,8 +112,50 @@ class RuntimeParts:
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The user's training_step once per pass of this rank's share (one pass within its memory cap).
+
+        Every pass but the last runs forward and backward here, without gradient sync, its loss
+        weighted n_i / b_r; the last pass's weighted loss goes back to Lightning, which
+        backpropagates it (and syncs), plus the earlier passes' detached, so the logged loss is the
+        share's mean."""
+        passes = list(self.runtime.micro_batches(args[0], self.model)) if args else []
+        if len(passes) <= 1:
+            return self._forward(*args, **kwargs)
+        if not self.lightning_module.automatic_optimization:
+            raise ConfigError(f"max_batch_sizes={self.hetero_config.balance.max_batch_sizes} is invalid with manual "
+                              "optimization: a share above its cap runs as passes that hetero backpropagates; "
+                              "raise the cap to the share, or use automatic optimization")
+        accumulate = getattr(self._trainer(), "accumulate_grad_batches", 1)
+        if len(args) > 1 and isinstance(args[1], int) and args[1] % accumulate == 0:
+            # NOTE: Lightning zeroes the gradients between training_step and backward, which would
+            # drop the earlier passes' gradients: they are zeroed here instead, and that zero_grad skipped
+            for optimizer in self.optimizers:
+                optimizer.zero_grad()
+            self._keep_grads = True
+        earlier = None
+        for micro, context in passes[:-1]:
+            with context:
+                loss = _loss_of(self._forward(micro.batch, *args[1:], **kwargs))
+                if loss is not None:  # None: the user skipped this pass
+                    self._early_pass = True
+                    try:
+                        self.backward(loss * (micro.weight / accumulate), None)
+                    finally:
+                        self._early_pass = False
+                    earlier = loss.detach() * micro.weight + (0 if earlier is None else earlier)
+        micro = passes[-1][0]
+        out = self._forward(micro.batch, *args[1:], **kwargs)
+        loss = _loss_of(out)
+        return out if loss is None else _with_loss(out, loss * micro.weight + (0 if earlier is None else earlier))
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.runtime.phase("forward"):  # the forward may gather parameters or sync buffers: collectives
             return super().training_step(*args, **kwargs)  # type: ignore[misc]
+
+    def post_backward(self, closure_loss: Any) -> None:
+        super().post_backward(closure_loss)  # type: ignore[misc]
+        if not self._early_pass:  # the step's compute ends with its last pass's backward
+            self.runtime.backward_end()
 
     def _step_end(self) -> Any:
         """After the optimizer step: the runtime's timings and calibration, then its metrics when due."""
@@ -107,3 +167,11 @@ class RuntimeParts:
     def hetero_state_dict(self) -> dict:
         """This rank's hetero state: sampler schedule, hook state (e.g. residuals), calibrator."""
         return self.runtime.state_dict()
+
+
+def _loss_of(out: Any) -> Any:
+    return out.get("loss") if isinstance(out, dict) else out
+
+
+def _with_loss(out: Any, loss: Any) -> Any:
+    return {**out, "loss": loss} if isinstance(out, dict) else loss

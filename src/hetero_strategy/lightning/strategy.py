@@ -145,6 +145,7 @@ class HeteroStrategy(RuntimeParts, DDPStrategy):
             self.runtime.precision.keep_fp32(trainer.lightning_module)
         self._hybrid.setup(trainer, self.runtime)
         super().setup(trainer)
+        self._guard_zero_grad()  # micro-batching (runtime_parts.py)
         # the optimizers exist from here; Lightning's fp16 plugin holds a GradScaler
         self.runtime.check_local_clipping(self.optimizers, getattr(self.precision_plugin, "scaler", None) is not None)
 
@@ -169,11 +170,6 @@ class HeteroStrategy(RuntimeParts, DDPStrategy):
         self.runtime.register_hook(self.model, max_steps=max_steps_of(self._trainer()))
 
     # ---- per step (batch start, forward and step end: runtime_parts.py) --------------------
-    @override
-    def post_backward(self, closure_loss: torch.Tensor) -> None:
-        super().post_backward(closure_loss)
-        self.runtime.backward_end()
-
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -37,6 +37,7 @@ from hetero_strategy.hybrid import HybridTraining
 from hetero_strategy.precision import RankPrecision
 from hetero_strategy.runtime.fsdp import ShardedReduction
 from hetero_strategy.runtime.gate import StepGate
+from hetero_strategy.runtime.micro import MicroBatch, micro_batches
 from hetero_strategy.runtime.planner import Measure, plan_train_loader
 from hetero_strategy.runtime.stall import StallWatch, hook_groups
 from hetero_strategy.runtime.state import RuntimeState
@@ -112,7 +113,7 @@ class HeteroRuntime(TrainingEvents):
     def register_sharded(self, fsdp_modules: list[Any]) -> ShardedReduction:
         """FSDP2 in place of DDP: a summed reduce-scatter, and the weight b_r / G_t the adapter puts on the
         loss (``reduction.weigh(loss)``); set at every :meth:`batch_start`, like the DDP hook's."""
-        reduction = ShardedReduction(fsdp_modules, self.world_size)
+        reduction = ShardedReduction(fsdp_modules, self.world_size, self.config.balance.max_batch_sizes is not None)
         self.state.attach(hook=reduction)
         self._watch([])
         return reduction
@@ -206,6 +207,12 @@ class HeteroRuntime(TrainingEvents):
         if new is not None:
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new
+
+    def micro_batches(self, batch: Any, model: Any) -> Iterator[tuple[MicroBatch, Any]]:
+        """This rank's batch as passes of at most its ``max_batch_sizes`` cap, each with its loss weight
+        n_i / b_r and the context its forward and backward run in (no gradient sync but for the last)."""
+        caps = self.config.balance.max_batch_sizes  # without a plan (local_batch 0): one pass
+        return micro_batches(batch, self.local_batch, caps[self.rank] if caps and self.local_batch else None, model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """This rank's autocast (nothing without a precision policy)."""

@@ -115,7 +115,7 @@ class ShardedReduction:
     as for the DDP hook); the adapter backpropagates ``reduction.weigh(loss)``.
     """
 
-    def __init__(self, modules: Sequence[Any], world_size: int) -> None:
+    def __init__(self, modules: Sequence[Any], world_size: int, micro_batching: bool = False) -> None:
         if not modules:
             raise ValueError("ShardedReduction needs the model's FSDP2 modules: shard the model first (shard_model)")
         for module in modules:
@@ -123,6 +123,11 @@ class ShardedReduction:
             # sum with factor 1 is a plain SUM reduce-scatter on every backend, and no division after
             module.set_force_sum_reduction_for_comms(True)
             module.set_gradient_divide_factor(1.0)
+            if micro_batching:
+                # NOTE: ranks may run different numbers of passes, and each all-gather is a
+                # collective: the parameters stay gathered from the step's first forward to its last
+                # backward (runtime/micro.py), so every rank all-gathers once and reduce-scatters once
+                module.set_reshard_after_forward(False, recurse=False)
         self.modules = list(modules)
         self.weight = 1.0 / world_size  # plain averaging until a plan says otherwise
         self.weighed = False  # whether this step's loss went through weigh (refused otherwise)

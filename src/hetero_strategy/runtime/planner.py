@@ -66,9 +66,9 @@ def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: 
     probe = None if measure is None else lambda: _probe(config, loader, batch, measure)
     probed: list[StepCost] = []
     sizes = plan_batch_sizes(config.balance, world_size, global_batch, probe, info, warn, on_costs=probed.extend)
+    # NOTE: max_batch_sizes caps a pass, not a share: a larger share runs as passes (runtime/micro.py)
     loader, sampler = hetero_train_loader(loader, sizes, None if all_ranks else rank, seed, shuffle,
-                                          config.balance.sample_cost, config.balance.loss_normalization,
-                                          config.balance.max_batch_sizes)
+                                          config.balance.sample_cost, config.balance.loss_normalization)
     balancer = None
     if config.calibration.calibrate:
         from hetero_strategy.balance.calibrator import Calibrator
@@ -86,7 +86,8 @@ def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: 
 def _probe(config: HeteroConfig, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
     # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
     # a single size when they coincide, so no size is timed twice.
-    size = len(loader.dataset)
+    # Within every rank's per-pass cap (the same counts on every rank: the probe is collective).
+    size = min([len(loader.dataset), *(config.balance.max_batch_sizes or [])])
     counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
     return measure([(probe_batch(loader, n), n) for n in counts], probe_exchange(config.compression))
 
@@ -104,16 +105,15 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
     if cfg.batch_sizes is not None:
         return list(cfg.batch_sizes)
     if cfg.capacities is not None:
-        return split_batch(global_batch, cfg.capacities, cfg.max_batch_sizes)
+        return split_batch(global_batch, cfg.capacities)
     costs = gather_step_costs(probe() if probe is not None else None, world_size, info, warn)
     if on_costs is not None:
         on_costs(costs)
     bandwidth = profile_bandwidth(cfg.profile, world_size)
     if bandwidth is not None:
         caps = capacity([c.samples_per_s for c in costs], bandwidth, cfg.alpha, cfg.beta)
-        return split_batch(global_batch, caps, cfg.max_batch_sizes)
-    return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs],
-                             cfg.max_batch_sizes)
+        return split_batch(global_batch, caps)
+    return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs])
 
 
 def probe_exchange(cfg: CompressionConfig) -> ProbeExchange:
