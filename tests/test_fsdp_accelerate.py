@@ -13,15 +13,30 @@ from oracle import make_data, one_process_sgd
 SCRIPT = Path(__file__).parent / "scripts" / "accel_fsdp.py"
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("accel_fsdp")
-    env = launch_env()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", env["MASTER_PORT"], str(SCRIPT), str(out)]
+def _launch(cmd: list[str], out: Path, env: dict) -> list[dict]:
     code, log = run_command(cmd, env=env, timeout=240)
     assert code == 0, log[-6000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module", params=["torchrun", "accelerate_launch"])
+def ranks(request, tmp_path_factory):
+    """Under torchrun with fsdp_version=2 in code, and under `accelerate launch` with the FSDP2 file
+    that `hetero-strategy config` writes for 2 GPUs (the plugin then reads it from the environment)."""
+    out = tmp_path_factory.mktemp("accel_fsdp")
+    env = launch_env()
+    if request.param == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", env["MASTER_PORT"], str(SCRIPT), str(out)]
+        return _launch(cmd, out, env)
+    from hetero_strategy.cli import main as cli_main
+
+    answers = out / "answers.yaml"
+    answers.write_text("device: gpu\nnum_processes: 2\nparallelism: sharded\n")
+    assert cli_main(["config", "--answers", str(answers), "--output-dir", str(out)]) == 0
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(out / "accelerate.yaml"),
+           "--main_process_port", env["MASTER_PORT"], str(SCRIPT), str(out)]
+    return _launch(cmd, out, env)
 
 
 def _close(got, want) -> None:
@@ -47,3 +62,7 @@ def test_a_loss_not_weighted_by_the_plugin_is_refused(ranks):
     for r in ranks:
         assert "call plugin.backward(loss) in place of accelerator.backward(loss)" in r["unweighted"]
         assert r["topk"].startswith("ConfigError: compression='topk' is invalid under FSDP2")
+
+
+def test_the_plugin_runs_fsdp_version_2(ranks):
+    assert all(r["fsdp_version"] == 2 for r in ranks)

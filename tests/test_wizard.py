@@ -159,6 +159,18 @@ def test_answers_file_multi_node(tmp_path, capsys):
     assert "devices=2, num_nodes=2" in out  # Lightning counts devices per machine
 
 
+def test_answers_file_sharded_writes_accelerates_fsdp2_file(tmp_path, capsys):
+    path = tmp_path / "answers.yaml"
+    path.write_text(yaml.safe_dump({"device": "gpu", "num_processes": 4, "parallelism": "sharded",
+                                    "capacities": [2, 2, 1, 1]}))
+    rc, out, err = _run_cli(capsys, "--answers", str(path), "--output-dir", str(tmp_path))
+    assert rc == 0, err
+    acc, het = _configs(tmp_path)
+    assert acc.distributed_type == DistributedType.FSDP and acc.fsdp_config["fsdp_version"] == 2
+    assert het.compression.method == "none" and het.balance.capacities == [2, 2, 1, 1]
+    assert f'Trainer(strategy=HeteroFSDPStrategy(config="{tmp_path}/hetero.yaml")' in out
+
+
 @pytest.mark.parametrize(("answers", "reason"), [
     ({"compute_environment": "multi_node", "main_process_ip": "h", "num_processes": 3},
      "num_processes=3 is invalid: Accelerate starts num_processes / num_machines"),
@@ -167,6 +179,9 @@ def test_answers_file_multi_node(tmp_path, capsys):
     ({"threads": 4}, "threads=4 is invalid: unknown question"),
     ({"device": "tpu"}, "device='tpu' is invalid: choose one of cpu, gpu"),
     ({"compute_environment": "multi_node"}, "main_process_ip has no default"),
+    ({"device": "gpu", "num_processes": 2, "parallelism": "sharded", "compression": "topk"},
+     "compression='topk' is invalid: that question"),
+    ({"device": "cpu", "parallelism": "sharded"}, "parallelism='sharded' is invalid: that question"),
 ])
 def test_answers_file_refuses_bad_answers(tmp_path, capsys, answers, reason):
     path = tmp_path / "answers.yaml"

@@ -1,6 +1,7 @@
 """HeteroPlugin on Accelerate's FSDP2 for tests/test_fsdp_accelerate.py, under torchrun (2 gloo ranks).
 
     torchrun --nproc-per-node 2 accel_fsdp.py OUT_DIR
+    accelerate launch --config_file accelerate.yaml accel_fsdp.py OUT_DIR   # the wizard's FSDP2 file
 
 NOTE: Accelerate 1.16 turns FullyShardedDataParallelPlugin into DistributedType.FSDP only for
 GPU-like distributed types (accelerate/state.py: MULTI_GPU, MULTI_NPU ...); with cpu=True it
@@ -11,6 +12,7 @@ FSDP2 path (fully_shard of the model, its optimizer, accumulate's set_requires_g
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +31,11 @@ from hetero_strategy.accelerate import HeteroPlugin
 def cpu_fsdp2(accumulate: int = 1) -> Accelerator:
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate)
     accelerator.state.distributed_type = DistributedType.FSDP
-    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    # under `accelerate launch --config_file` the plugin reads the file's fsdp_config from the
+    # environment the launcher set (FSDP_VERSION, ...), as it would on GPUs
+    from_file = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin() if from_file else \
+        FullyShardedDataParallelPlugin(fsdp_version=2)
     return accelerator
 
 
@@ -71,6 +77,7 @@ def main() -> None:
     result = {"plain": fit(8), "accumulate": fit(4, accumulate=2),
               "unweighted": error_of(lambda: fit(1, weighted=False)),
               "topk": error_of(lambda: fit(1, compression="topk"))}
+    result["fsdp_version"] = cpu_fsdp2().state.fsdp_plugin.fsdp_version
     rank = torch.distributed.get_rank()
     torch.save(result, out_dir / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()

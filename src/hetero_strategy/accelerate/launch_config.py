@@ -24,12 +24,20 @@ __all__ = ["cluster_config"]
 
 
 def cluster_config(num_processes: int, num_machines: int, cpu: bool, machine_rank: int = 0,
-                   main_process_ip: str | None = None, main_process_port: int | None = None) -> ClusterConfig:
-    """What ``accelerate config`` would write for this job (see the module docstring for CPU)."""
+                   main_process_ip: str | None = None, main_process_port: int | None = None,
+                   sharded: bool = False) -> ClusterConfig:
+    """What ``accelerate config`` would write for this job (see the module docstring for CPU);
+    ``sharded``: FSDP2, as ``accelerate config`` writes it (Accelerate shards on GPUs only)."""
     # One process on one machine is Accelerate's "no distributed training"; anything more goes
     # through its multi-GPU (torchrun) launcher, also on CPU.
     distributed = DistributedType.MULTI_GPU if num_processes > 1 or num_machines > 1 else DistributedType.NO
-    return ClusterConfig(
+    fsdp = {}
+    if sharded:
+        distributed = DistributedType.FSDP
+        fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+                "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": False}
+    return ClusterConfig(fsdp_config=fsdp,
         compute_environment=ComputeEnvironment.LOCAL_MACHINE, distributed_type=distributed,
         mixed_precision="no",  # hetero picks the autocast dtype per device, not Accelerate
         use_cpu=cpu, debug=False, num_processes=num_processes, machine_rank=machine_rank,

@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from hetero_strategy.config import HeteroConfig
+from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.hooks import build_comm_hook
 from hetero_strategy.hooks.momentum import optimizer_momentum_warning
 from hetero_strategy.hybrid import HybridTraining
@@ -212,6 +212,9 @@ class HeteroRuntime(TrainingEvents):
         """This rank's batch as passes of at most its ``max_batch_sizes`` cap, each with its loss weight
         n_i / b_r and the context its forward and backward run in (no gradient sync but for the last)."""
         caps = self.config.balance.max_batch_sizes  # without a plan (local_batch 0): one pass
+        if caps and self.local_batch > caps[self.rank] and self.config.balance.loss_normalization == "tokens":
+            raise ConfigError(f"max_batch_sizes={caps} is invalid with loss_normalization='tokens': a pass's weight "
+                              "would need its token count; raise the cap to the share, or normalise by samples")
         return micro_batches(batch, self.local_batch, caps[self.rank] if caps and self.local_batch else None, model)
 
     def autocast(self) -> contextlib.AbstractContextManager:

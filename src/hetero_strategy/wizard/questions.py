@@ -135,7 +135,13 @@ QUESTIONS: list[Question] = [
              message="Batch size of each rank (comma-separated; they sum to the DataLoader's batch_size "
                      "x the number of processes)?", default=lambda a: REQUIRED,
              parse=checks.parse_batch_sizes, show=as_text),
+    Question(name="parallelism", kind="select", message="Does every rank hold the whole model, or a shard of it?",
+             choices=lambda a: [("replicated", "Replicated (DDP): the whole model on every rank; gradient compression"),
+                                ("sharded", "Sharded (FSDP2): parameters, gradients, optimizer state split across ranks")],
+             # NOTE: GPUs only: Accelerate 1.16 shards only on GPU-like devices (on CPU it would run DDP)
+             asked=lambda a: a.get("device") == "gpu", default=lambda a: "replicated", help="replicated or sharded"),
     Question(name="compression", kind="select", message="Which gradient compression should the comm hook use?",
+             asked=lambda a: a.get("parallelism") != "sharded",
              choices=lambda a: [(m, _COMPRESSION_TITLES.get(m, m)) for m in COMPRESSION_METHODS],
              default=lambda a: propose_compression(a.get("tiers")), help=", ".join(COMPRESSION_METHODS)),
     Question(name="calibrate", kind="confirm",

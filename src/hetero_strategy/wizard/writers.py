@@ -36,6 +36,7 @@ def accelerate_config(answers: Answers):
     from hetero_strategy.accelerate.launch_config import cluster_config
 
     return cluster_config(answers.world_size, answers.num_machines, answers["device"] == "cpu",
+                          sharded=answers.get("parallelism") == "sharded",
                           machine_rank=answers.get("machine_rank", 0), main_process_ip=answers.get("main_process_ip"),
                           main_process_port=answers.get("main_process_port"))
 
@@ -72,5 +73,6 @@ def lightning_line(answers: Answers, paths: ConfigPaths) -> str:
     """The equivalent Lightning Trainer (Lightning starts the processes of one machine itself)."""
     accelerator = "cpu" if answers["device"] == "cpu" else "gpu"
     devices = answers.world_size // answers.num_machines
-    return (f'Trainer(strategy=HeteroStrategy(config="{paths.hetero}"), accelerator="{accelerator}", '
+    strategy = "HeteroFSDPStrategy" if answers.get("parallelism") == "sharded" else "HeteroStrategy"
+    return (f'Trainer(strategy={strategy}(config="{paths.hetero}"), accelerator="{accelerator}", '
             f"devices={devices}, num_nodes={answers.num_machines})")
