@@ -57,8 +57,14 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
 
     Args:
         config: a :class:`HeteroConfig`, or the path of a YAML file holding one.
-        batch_sizes, capacities, alpha, beta, max_batch_sizes, probe_steps, seed, calibrate: as for
-            ``HeteroStrategy``; any other HeteroConfig field may be given as a keyword too.
+        batch_sizes: explicit per-rank batch sizes (sum = B x world size).
+        capacities: relative per-rank capacities; batch sizes are split in proportion.
+        alpha: weight of measured compute in a rank's capacity (see :class:`HeteroConfig`).
+        beta: weight of measured bandwidth in a rank's capacity.
+        max_batch_sizes: per-rank caps on one pass; a larger share runs as several (docs/fsdp.md).
+        probe_steps: timed steps per batch size in the start-up probe.
+        seed: the sampler's shuffle seed (default: 0).
+        calibrate: keep moving the batch shares toward equal finishing times while training.
         precision_policy: None, or one dtype for every rank ("bf16" or "fp32"): FSDP2 needs one
             parameter dtype on all ranks. Per-rank dtypes need ``strategy="hetero"``.
         auto_wrap_policy: module classes (or their names) that get an FSDP unit of their own when
@@ -66,7 +72,10 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
         mp_policy: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` for every rank (default:
             from ``precision_policy``, gradients reduced in fp32).
         reshard_after_forward: ``fully_shard``'s: free gathered parameters after each forward.
-        save_distributed_checkpoint, process_group_backend, timeout: ``ModelParallelStrategy``'s.
+        save_distributed_checkpoint: ``ModelParallelStrategy``'s: one shard file per rank (default).
+        process_group_backend: ``ModelParallelStrategy``'s.
+        timeout: ``ModelParallelStrategy``'s process-group timeout.
+        **kwargs: any other field of :class:`HeteroConfig`.
     """
 
     strategy_name = "hetero_fsdp"
