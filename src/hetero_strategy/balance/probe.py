@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.balance.memory import (
+    MemoryCost,
+    PeakMemory,
+    exact_host_memory,
+    fit_memory,
+    memory_limit_bytes,
+)
 from hetero_strategy.dist import all_gather_floats
 
 __all__ = ["ProbeError", "ProbeExchange", "StepCost", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
@@ -50,6 +57,8 @@ class StepCost:
 
     samples_per_s: float
     fixed_s: float = 0.0
+    memory: MemoryCost | None = None
+    """The step's memory at the probe's batch sizes (balance/memory.py), when measured."""
 
     def seconds(self, batch: float) -> float:
         return self.fixed_s + batch / self.samples_per_s
@@ -166,7 +175,8 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
         fns = [lambda start, b=b: step(b, start) for b, _ in batches]
         seconds = measure_step_seconds(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device)
         points = [(n, t) for (_, n), t in zip(batches, seconds)]
-        return fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
+        cost = fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
+        return replace(cost, memory=_step_memory(step, batches, device))
     finally:
         module.train(was_training)
         with torch.no_grad():
@@ -177,6 +187,27 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
         torch.random.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _step_memory(step: Callable[[Any, Callable[[], None]], None], batches: list[tuple[Any, int]],
+                 device: torch.device | None, repeats: int = 3) -> MemoryCost:
+    """``repeats`` more steps at each batch size, smallest first, under PeakMemory (the same on every
+    rank: the step's collectives, e.g. FSDP's, are joined alike); one on CUDA, where it is exact."""
+    device = device or torch.device("cpu")
+    repeats = 1 if device.type == "cuda" else repeats
+    growth: dict[int, list[float]] = {}
+    start, limit = 0.0, memory_limit_bytes(device)
+    with exact_host_memory(device, keep=limit is not None):  # under a limit, training allocates as measured
+        for _ in range(repeats):
+            for batch, n in sorted(batches, key=lambda bn: bn[1]):
+                with PeakMemory(device) as peak:
+                    step(batch, lambda: None)
+                # each step's growth over what was in use before it (the median of the repeats),
+                # and the largest such base
+                growth.setdefault(n, []).append(peak.bytes - peak.start)
+                start = max(start, peak.start)
+    fit = fit_memory([(n, sorted(g)[len(g) // 2]) for n, g in growth.items()], limit)
+    return replace(fit, fixed_bytes=start + fit.fixed_bytes)
 
 
 def _sync() -> None:

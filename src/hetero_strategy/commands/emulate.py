@@ -4,6 +4,7 @@ Example::
 
     hetero-strategy emulate --nproc 2 --compute 1.0,0.57 --link 10gbit,100mbit -- python train.py
     hetero-strategy emulate --simulate --compute 1.0,0.57 -- python train.py   # without root
+    hetero-strategy emulate --compute 1.0,0.57 --memory 4G,1.5G -- python train.py   # a small slow card
     # node A: 1 rank on 10 Gbit; node B: 3 ranks sharing a namespace (loopback inside) and a 1 Gbit link
     hetero-strategy emulate --nodes 1,3 --compute 1.0,0.4,0.4,0.4 --link 10gbit,1gbit -- python train.py
 """
@@ -34,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtu", type=count(576), default=1500,
                         help="every link's MTU in bytes, up to 9000 (jumbo frames: less kernel work per byte "
                              "charged to the ranks' CPU quota)")
+    parser.add_argument("--memory", default=None,
+                        help="per-rank memory limit, e.g. 1.5G,4G (none: no limit); the kernel kills a rank over it")
     parser.add_argument("--simulate", action="store_true",
                         help="no root: loopback, unshaped links, compute slowed by a SIGSTOP/SIGCONT duty cycle")
     parser.add_argument("--timeout", type=number(what="seconds"), default=3600.0, help="stop every rank after this many seconds")
@@ -58,12 +61,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         compute, links, latency, nodes = _resolve(args, parse_float_list, parse_link_list)
+        memory = parse_link_list(args.memory)  # comma-separated, as the links
         flags = {"--compute": args.compute, "--link": args.link, "--latency": args.latency, "--nodes": args.nodes,
-                 "--mtu": args.mtu if args.mtu != 1500 else None, "--simulate": True if args.simulate else None}
+                 "--mtu": args.mtu if args.mtu != 1500 else None, "--simulate": True if args.simulate else None,
+                 "--memory": args.memory}
         cluster_spec(flags, compute=compute, links=links, latency_ms=latency, nodes=nodes, simulate=args.simulate,
-                     mtu=args.mtu)  # the emulator's own check, refused naming the flags
+                     mtu=args.mtu, memory=memory)  # the emulator's own check, refused naming the flags
         cluster = EmulatedCluster(compute, links, latency, simulate=args.simulate, measure=not args.no_measure,
-                                  nodes=nodes, mtu=args.mtu)
+                                  nodes=nodes, mtu=args.mtu, memory=memory)
     except (UsageError, ValueError) as e:
         console.print(f"emulate: {e}", style="red", markup=False, highlight=False, soft_wrap=True)  # one line
         return 2

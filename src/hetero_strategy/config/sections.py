@@ -29,6 +29,9 @@ class BalanceConfig:
     """Optional per-rank memory cap on one forward/backward pass (samples). A rank's share of the
     global batch follows capacity; a share above the cap runs as several passes of at most the cap,
     with the gradient synchronised after the last one (micro-batching, runtime/micro.py)."""
+    memory_margin: float = 0.1
+    """Without ``max_batch_sizes``: the share of each rank's memory limit the probe's caps leave free
+    (CUDA: the device's total memory; CPU: the cgroup limit, if any)."""
     probe_steps: int = 5
     """Timed forward+backward passes per rank for the automatic probe (when neither batch_sizes
     nor capacities are given)."""
@@ -50,6 +53,9 @@ class BalanceConfig:
         _check_positive_list("batch_sizes", self.batch_sizes, integer=True)
         _check_positive_list("capacities", self.capacities, integer=False)
         _check_positive_list("max_batch_sizes", self.max_batch_sizes, integer=True)
+        if isinstance(self.memory_margin, bool) or not isinstance(self.memory_margin, (int, float)) \
+                or not 0 <= self.memory_margin < 1:
+            _fail("memory_margin", self.memory_margin, "give a fraction in [0, 1), e.g. 0.1 to keep 10% free")
         if self.batch_sizes is not None and self.capacities is not None:
             _fail("capacities", self.capacities, "give either batch_sizes or capacities, not both")
         for name in ("alpha", "beta"):

@@ -39,7 +39,7 @@ from hetero_strategy.emulate.launch import RankProcess, RunResult, run_with_rest
 from hetero_strategy.emulate.linkprobe import measure_uploads
 from hetero_strategy.emulate.spec import ClusterSpec
 from hetero_strategy.emulate.stale import clean_stale
-from hetero_strategy.emulate.system import CpuCgroup, EmulatorError, is_root
+from hetero_strategy.emulate.system import CpuCgroup, EmulatorError, MemoryCgroup, is_root
 
 __all__ = ["EmulatedCluster"]
 
@@ -52,16 +52,18 @@ class EmulatedCluster:
 
     def __init__(self, compute: Sequence[float], links: Sequence[str] | None = None,
                  latency_ms: Sequence[float] | None = None, simulate: bool = False, measure: bool = True,
-                 nodes: Sequence[int] | None = None, mtu: int = 1500) -> None:
+                 nodes: Sequence[int] | None = None, mtu: int = 1500, memory: Sequence[str] | None = None) -> None:
         self.spec = ClusterSpec(compute=list(compute), links=None if links is None else list(links),
                                 latency_ms=None if latency_ms is None else list(latency_ms), simulate=simulate,
-                                nodes=None if nodes is None else list(nodes), mtu=mtu)
+                                nodes=None if nodes is None else list(nodes), mtu=mtu,
+                                memory=None if memory is None else list(memory))
         self.measure = measure
         self.tag = f"{os.getpid()}-{next(_COUNTER)}"
         cpus = sorted(os.sched_getaffinity(0))
         self.cores = [cpus[k % len(cpus)] for k in range(self.spec.nproc)]  # N > cores: ranks share
         self.nets: list[netns.RankNet] = []
         self.cgroups: list[CpuCgroup] = []
+        self.memory_cgroups: list[MemoryCgroup | None] = []
         self.measured_mbit: list[float | None] = [None] * self.spec.nproc
         self.stale_removed: list[str] = []
         self._open = False
@@ -95,6 +97,8 @@ class EmulatedCluster:
                                          [self.spec.latency_ms[k] for k in firsts], self.spec.mtu)
             self.nets = [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
             self.cgroups = [CpuCgroup(f"{netns.PREFIX}{self.tag}-r{k}", f) for k, f in enumerate(self.spec.compute)]
+            self.memory_cgroups = [None if b is None else MemoryCgroup(f"{netns.PREFIX}{self.tag}-r{k}", b)
+                                   for k, b in enumerate(self.spec.memory_bytes)]
             if self.measure:
                 self.measured_mbit = self.measure_links()
         except BaseException:
@@ -108,13 +112,13 @@ class EmulatedCluster:
         self._open = False
         atexit.unregister(self.close)
         errors = []
-        for cg in self.cgroups:
+        for cg in [*self.cgroups, *(m for m in self.memory_cgroups if m is not None)]:
             try:
                 cg.remove()
             except EmulatorError as e:
                 errors.append(str(e))
         netns.remove_network(self.tag, [n.netns for n in self.nets])  # a partially built one too
-        self.cgroups, self.nets = [], []
+        self.cgroups, self.memory_cgroups, self.nets = [], [], []
         if errors:
             raise EmulatorError("; ".join(errors))
 
@@ -203,11 +207,14 @@ class EmulatedCluster:
 
     def _preexec(self, rank: int):
         cgroup = None if self.spec.simulate else self.cgroups[rank]
+        memory = None if self.spec.simulate else self.memory_cgroups[rank]
         core = self.cores[rank]
 
         def enter() -> None:  # runs in the child between fork and exec
             if cgroup is not None:
                 cgroup.add_self()
+            if memory is not None:
+                memory.add_self()
             os.sched_setaffinity(0, {core})
         return enter
 
@@ -229,6 +236,7 @@ class EmulatedCluster:
             "tier": self.spec.tier(k), "address": "127.0.0.1" if self.spec.simulate else self.nets[k].addr,
             "netns": None if self.spec.simulate else self.nets[k].netns,
             "measured_mbit_s": self.measured_mbit[k], "mtu": None if self.spec.simulate else self.spec.mtu,
+            "memory_limit_bytes": self.spec.memory_bytes[k],
         } for k in range(self.spec.nproc)]
 
 

@@ -45,6 +45,10 @@ class ClusterSpec:
     """Every veth's MTU in bytes, 576-9000. Each packet costs the receiving rank kernel work that
     its CPU quota pays for, where a real NIC would do it; at 9000 (jumbo frames, as datacenter
     links run) that cost is a sixth of 1500's, so codec work beside a transfer slows less."""
+    memory: list[str] | None = None
+    """Per-rank memory limit ("1.5G", "700M", "none"; one entry applies to every rank): a cgroup
+    memory limit, over which the kernel kills the rank. None: no limit."""
+    memory_bytes: list[int | None] = field(init=False, default_factory=list)
     rates_bps: list[float | None] = field(init=False, default_factory=list)
     node_of: list[int] = field(init=False, default_factory=list)
 
@@ -73,6 +77,14 @@ class ClusterSpec:
         if len(lat) != owners or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in lat):
             raise ValueError(f"latency={self.latency_ms!r} is invalid: give 1 or {owners} positive values in ms")
         self.latency_ms = [float(lat[k] if self.nodes is None else lat[self.node_of[k]]) for k in range(n)]
+        memory = ["none"] if self.memory is None else list(self.memory)
+        memory = memory * n if len(memory) == 1 else memory
+        if len(memory) != n:
+            raise ValueError(f"memory={self.memory!r} is invalid: give 1 or {n} entries (one per rank), e.g. 1.5G,4G")
+        self.memory_bytes = [parse_size(m, f"memory[{k}]") for k, m in enumerate(memory)]
+        if self.simulate and any(b is not None for b in self.memory_bytes):
+            raise ValueError(f"memory={self.memory!r} is invalid with simulate=True (--simulate): memory limits are "
+                             "cgroups; run as root without --simulate")
         if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not 576 <= self.mtu <= 9000:
             # NOTE: the upper bound keeps a packet inside tbf's smallest burst (32 KiB, netns.tbf_args)
             raise ValueError(f"mtu={self.mtu!r} is invalid: give whole bytes in [576, 9000], e.g. 1500 (Linux's "
@@ -123,6 +135,21 @@ def parse_float_list(text: str, name: str) -> list[float]:
         return [float(x) for x in str(text).split(",") if x.strip()]
     except ValueError as e:
         raise ValueError(f"{name}={text!r} is invalid: give comma-separated numbers, e.g. 1.0,0.57") from e
+
+
+def parse_size(text: str, name: str) -> int | None:
+    """"1.5G" / "700M" / "512K" / "2147483648" -> bytes; "none" -> None; the error names the option."""
+    value = str(text).strip().upper().removesuffix("B")
+    if value in ("NONE", ""):
+        return None
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1:], 1)
+    try:
+        size = float(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        size = 0.0
+    if not size >= 64 * 2**20:
+        raise ValueError(f"{name}={text!r} is invalid: give a size of at least 64M, e.g. 1.5G or 700M (or none)")
+    return int(size)
 
 
 def parse_link_list(text: str | None) -> list[str] | None:

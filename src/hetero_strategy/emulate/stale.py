@@ -24,11 +24,7 @@ def clean_stale() -> list[str]:
         if not _alive(netns.owner_pid(name)):
             netns.remove_namespace(name)
             removed.append(f"netns {name}")
-    try:
-        root, _ = cgroup_cpu_root()
-    except EmulatorError:
-        return removed
-    for d in sorted(root.glob(f"{netns.PREFIX}*")):
+    for d in sorted(d for root in _cgroup_roots() for d in root.glob(f"{netns.PREFIX}*")):
         if d.is_dir() and not _alive(netns.owner_pid(d.name)):
             remove_cgroup(d)
             removed.append(f"cgroup {d}")
@@ -40,12 +36,18 @@ def leftovers() -> list[str]:
     found = [f"netns {n}" for n in netns.emulator_namespaces()]
     links = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True, text=True, timeout=10).stdout
     found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if netns.PREFIX in line]
-    try:
-        root, _ = cgroup_cpu_root()
-        found += [f"cgroup {d}" for d in root.glob(f"{netns.PREFIX}*")]
-    except EmulatorError:
-        pass
+    found += [f"cgroup {d}" for root in _cgroup_roots() for d in root.glob(f"{netns.PREFIX}*")]
     return found
+
+
+def _cgroup_roots() -> list[Path]:
+    """Where the emulator's cgroups live: the cpu hierarchy, and on cgroup v1 the memory one too."""
+    try:
+        roots = [cgroup_cpu_root()[0]]
+    except EmulatorError:
+        roots = []
+    memory = Path("/sys/fs/cgroup/memory")
+    return roots + [memory] if (memory / "memory.limit_in_bytes").exists() and memory not in roots else roots
 
 
 def _alive(pid: int | None) -> bool:

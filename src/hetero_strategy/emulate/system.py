@@ -1,7 +1,8 @@
 """Thin, bounded wrappers around ``ip``, ``tc`` and the cgroup filesystem (root only).
 
 Every call has a timeout; failures raise :class:`EmulatorError` with the command and its stderr.
-cgroup v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and v2 (``cpu.max``) are both handled.
+cgroup v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, ``memory.limit_in_bytes``) and v2
+(``cpu.max``, ``memory.max``) are both handled.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["CpuCgroup", "EmulatorError", "cgroup_cpu_root", "is_root", "kill_pids", "sh"]
+__all__ = ["CpuCgroup", "EmulatorError", "MemoryCgroup", "cgroup_cpu_root", "is_root", "kill_pids", "sh"]
 
 _CGROUP = Path("/sys/fs/cgroup")
 # A short CFS period spreads a rank's quota finely (5.7 ms of every 10 ms at factor 0.57), which is
@@ -79,6 +80,53 @@ class CpuCgroup:
 
     def pids(self) -> list[int]:
         return read_pids(self.path)
+
+    def remove(self) -> None:
+        remove_cgroup(self.path)
+
+
+class MemoryCgroup:
+    """One cgroup with a memory limit (``memory.max`` on v2, ``memory.limit_in_bytes`` on v1; None: no
+    limit, only accounting): the kernel kills a process in it that goes over. ``peak_bytes`` is the
+    kernel's own high-water mark of the group (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``)."""
+
+    def __init__(self, name: str, limit_bytes: int | None = None) -> None:
+        if (_CGROUP / "cgroup.controllers").exists():
+            self.version, root = 2, _CGROUP
+            control = root / "cgroup.subtree_control"
+            if "memory" not in control.read_text().split():
+                control.write_text("+memory")
+        elif (_CGROUP / "memory" / "memory.limit_in_bytes").exists():
+            self.version, root = 1, _CGROUP / "memory"
+        else:
+            raise EmulatorError(f"no cgroup memory controller under {_CGROUP}: mount cgroup v1 'memory' or v2")
+        self.path = root / name
+        self.path.mkdir(exist_ok=True)
+        if limit_bytes is not None:
+            if self.version == 1:
+                (self.path / "memory.limit_in_bytes").write_text(str(int(limit_bytes)))
+                if (self.path / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
+                    (self.path / "memory.memsw.limit_in_bytes").write_text(str(int(limit_bytes)))
+            else:
+                (self.path / "memory.max").write_text(str(int(limit_bytes)))
+                (self.path / "memory.swap.max").write_text("0")
+
+    def add_self(self) -> None:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int:
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        return int((self.path / name).read_text().strip())
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this group for going over its limit."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            text = (self.path / name).read_text()
+        except OSError:
+            return False
+        fields = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+        return int(fields.get("oom_kill", "0")) > 0
 
     def remove(self) -> None:
         remove_cgroup(self.path)

@@ -157,6 +157,9 @@ class HeteroRuntime(TrainingEvents):
                                     shuffle=shuffle, all_ranks=all_ranks, accumulate=accumulate, info=self.info,
                                     warn=self.warn)
         self.state.attach(sampler=planned.sampler, balancer=planned.balancer)
+        self.state.memory_caps = planned.memory_caps  # the probe's, in the run record
+        if planned.memory_caps is not None and isinstance(self.hook_state, ShardedReduction):
+            self.hook_state.keep_gathered()  # every rank alike: the caps are all-gathered
         sampler = planned.sampler
         self.info(f"hetero: global batch {sampler.global_batch} split as {sampler.batch_sizes} "
                   f"(shuffle={sampler.shuffle}, seed={seed})")
@@ -211,7 +214,7 @@ class HeteroRuntime(TrainingEvents):
     def micro_batches(self, batch: Any, model: Any) -> Iterator[tuple[MicroBatch, Any]]:
         """This rank's batch as passes of at most its ``max_batch_sizes`` cap, each with its loss weight
         n_i / b_r and the context its forward and backward run in (no gradient sync but for the last)."""
-        caps = self.config.balance.max_batch_sizes  # without a plan (local_batch 0): one pass
+        caps = self.config.balance.max_batch_sizes or self.state.memory_caps  # no plan (local_batch 0): one pass
         if caps and self.local_batch > caps[self.rank] and self.config.balance.loss_normalization == "tokens":
             raise ConfigError(f"max_batch_sizes={caps} is invalid with loss_normalization='tokens': a pass's weight "
                               "would need its token count; raise the cap to the share, or normalise by samples")

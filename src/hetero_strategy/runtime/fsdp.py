@@ -123,12 +123,9 @@ class ShardedReduction:
             # sum with factor 1 is a plain SUM reduce-scatter on every backend, and no division after
             module.set_force_sum_reduction_for_comms(True)
             module.set_gradient_divide_factor(1.0)
-            if micro_batching:
-                # NOTE: ranks may run different numbers of passes, and each all-gather is a
-                # collective: the parameters stay gathered from the step's first forward to its last
-                # backward (runtime/micro.py), so every rank all-gathers once and reduce-scatters once
-                module.set_reshard_after_forward(False, recurse=False)
         self.modules = list(modules)
+        if micro_batching:
+            self.keep_gathered()
         self.weight = 1.0 / world_size  # plain averaging until a plan says otherwise
         self.weighed = False  # whether this step's loss went through weigh (refused otherwise)
 
@@ -136,6 +133,13 @@ class ShardedReduction:
         if total <= 0 or not 0 <= local <= total:
             raise ValueError(f"local={local}, total={total} are invalid: need 0 <= local <= total and total > 0")
         self.weight = local / total
+
+    def keep_gathered(self) -> None:
+        """Micro-batching (runtime/micro.py): ranks may run different numbers of passes, and each
+        all-gather is a collective, so the parameters stay gathered from a step's first forward to
+        its last backward: every rank all-gathers each unit once and reduce-scatters it once."""
+        for module in self.modules:
+            module.set_reshard_after_forward(False, recurse=False)
 
     @staticmethod
     def probe(measure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:

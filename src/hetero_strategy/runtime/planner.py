@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import DataLoader
 
 from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, split_batch_timed
+from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError, HeteroConfig
@@ -35,7 +36,7 @@ from hetero_strategy.runtime.loaders import (
     train_loader_batch_size,
 )
 
-__all__ = ["Measure", "PlannedLoader", "gather_step_costs", "plan_batch_sizes", "plan_train_loader",
+__all__ = ["Measure", "PlannedLoader", "gather_step_costs", "memory_caps", "plan_batch_sizes", "plan_train_loader",
            "probe_exchange", "profile_bandwidth"]
 
 log = logging.getLogger("hetero_strategy")
@@ -52,6 +53,8 @@ class PlannedLoader(NamedTuple):
     loader: DataLoader
     sampler: HeteroBatchSampler
     balancer: OnlineBalancer | None
+    memory_caps: list[int] | None = None
+    """Per-rank samples per pass from the probe's memory (None: max_batch_sizes given, or no limit known)."""
 
 
 def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: DataLoader, *, seed: int,
@@ -80,7 +83,28 @@ def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: 
              f"({len(loader.dataset)} samples, global batch {global_batch}): the window holding it is "
              "weighted by its last micro-batch, so it is not exactly the one-process step. Use "
              "drop_last=True, or a dataset length divisible by the global batch, for exact semantics")
-    return PlannedLoader(loader, sampler, balancer)
+    caps = None if config.balance.max_batch_sizes is not None else memory_caps(probed, config.balance, global_batch)
+    if caps is not None:
+        info("hetero: memory caps per rank (samples per pass, limit less "
+             f"{config.balance.memory_margin:.0%}): {caps}; probed (fixed MB, MB per sample, limit MB): "
+             f"{[_mb(c.memory) for c in probed]}")
+    return PlannedLoader(loader, sampler, balancer, caps)
+
+
+def memory_caps(costs: list[StepCost], cfg: BalanceConfig, global_batch: int) -> list[int] | None:
+    """Each rank's largest pass within its memory limit less ``memory_margin`` (the global batch where
+    its limit is unknown); None when no rank's limit is known."""
+    if not costs or all(c.memory is None or c.memory.limit_bytes is None for c in costs):
+        return None
+    caps = [c.memory.cap(cfg.memory_margin) if c.memory is not None else None for c in costs]
+    return [min(global_batch, cap) if cap is not None else global_batch for cap in caps]
+
+
+def _mb(memory: Any) -> tuple[float, ...]:
+    if memory is None:
+        return ()
+    limit = -1.0 if memory.limit_bytes is None else memory.limit_bytes / 2**20
+    return round(memory.fixed_bytes / 2**20, 1), round(memory.per_sample_bytes / 2**20, 3), round(limit)
 
 
 def _probe(config: HeteroConfig, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
@@ -131,15 +155,24 @@ def gather_step_costs(cost: StepCost | None, world_size: int, info: Say = log.in
                       warn: Say = log.warning) -> list[StepCost]:
     """Every rank's probed cost (one all-gather); equal costs when any rank could not probe."""
     # NOTE: every rank must join the all-gather, also one that could not probe (cost None).
-    rows = all_gather_floats([-1.0, 0.0] if cost is None else [cost.samples_per_s, cost.fixed_s])
+    rows = all_gather_floats([-1.0, 0.0, *_memory_row(None)] if cost is None
+                             else [cost.samples_per_s, cost.fixed_s, *_memory_row(cost.memory)])
     if min(row[0] for row in rows) <= 0:
         warn("hetero: could not probe the model's step on every rank; using equal shares. "
                     "Pass batch_sizes=... or capacities=... to set the split yourself.")
         return [StepCost(1.0)] * world_size
-    costs = [StepCost(rate, fixed) for rate, fixed in rows]
+    costs = [StepCost(rate, fixed, None if has < 0 else MemoryCost(m_fixed, per, None if limit < 0 else limit))
+             for rate, fixed, has, m_fixed, per, limit in rows]
     info("hetero: probed per rank (samples/s, fixed ms per step): "
          f"{[(round(c.samples_per_s, 1), round(1000 * c.fixed_s, 1)) for c in costs]}")
     return costs
+
+
+def _memory_row(memory: MemoryCost | None) -> list[float]:
+    """(measured, fixed bytes, bytes per sample, limit or -1) for the all-gather."""
+    if memory is None:
+        return [-1.0, 0.0, 0.0, -1.0]
+    return [1.0, memory.fixed_bytes, memory.per_sample_bytes, -1.0 if memory.limit_bytes is None else memory.limit_bytes]
 
 
 def profile_bandwidth(path: str | None, world_size: int) -> list[float] | None:

@@ -82,7 +82,8 @@ def run_record(state: Any, mine: dict[str, Any]) -> dict[str, Any]:
     sampler, hybrid = state.parts["sampler"], state.parts["hybrid"]
     epoch, samples = sampler.position if sampler is not None else (0, 0)
     run = {"world_size": state.world_size, "steps": state.steps, "epoch": epoch, "samples": samples,
-           "hook_step": (mine.get("hook") or {}).get("step"), "config": state.config.to_record()}
+           "hook_step": (mine.get("hook") or {}).get("step"), "config": state.config.to_record(),
+           "memory_caps": state.memory_caps}
     if hybrid is not None:  # the phase and sync count, the same on every rank
         run["hybrid"] = hybrid.shared_state_dict()
     return run

@@ -52,6 +52,7 @@ class RuntimeState:
         self._warn, self._info_warning = warn, info_warning
         self.parts: dict[str, Any] = dict.fromkeys(PARTS)
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
+        self.memory_caps: list[int] | None = None  # samples per pass from the probe's memory (planner)
         self._pending: dict[str, Any] = {}
 
     def attach(self, **parts: Any) -> None:
