@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-comm", choices=("on", "off"), default="on",
                         help="hetero runs' overlap_comm: on = all-reduce during backward (DDP's way, the "
                              "default), off = after it")
+    parser.add_argument("--sharded", action="store_true",
+                        help="FSDP2: plain (even batches) vs hetero_fsdp, then with the slow rank's memory limited "
+                             "(2 ranks, compute 1.0/0.57; hetero_bench/sharded.py)")
+    parser.add_argument("--size", type=count(8), default=96, help="--sharded: image side of the conv workload")
+    parser.add_argument("--memory-margin", type=float, default=0.03, help="--sharded: hetero_fsdp's memory_margin")
     parser.add_argument("--timeout", type=number(what="seconds"), default=900.0,
                         help="seconds allowed per run (a --framework ddp launch gets this per mode it runs)")
 
@@ -109,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     console = Console()
+    if args.sharded:
+        from hetero_bench.sharded import run as run_sharded
+
+        return run_sharded(args)
     checked = _check(args)
     if isinstance(checked, str):
         console.print(f"bench balance: {checked}", style="red", markup=False, highlight=False)

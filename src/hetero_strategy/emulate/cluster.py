@@ -97,7 +97,8 @@ class EmulatedCluster:
                                          [self.spec.latency_ms[k] for k in firsts], self.spec.mtu)
             self.nets = [per_ns[self.spec.node_of[k]] for k in range(self.spec.nproc)]
             self.cgroups = [CpuCgroup(f"{netns.PREFIX}{self.tag}-r{k}", f) for k, f in enumerate(self.spec.compute)]
-            self.memory_cgroups = [None if b is None else MemoryCgroup(f"{netns.PREFIX}{self.tag}-r{k}", b)
+            # with any limit, every rank gets a memory cgroup ("none": accounting only, for its peak)
+            self.memory_cgroups = [MemoryCgroup(f"{netns.PREFIX}{self.tag}-r{k}", b) if self.spec.memory else None
                                    for k, b in enumerate(self.spec.memory_bytes)]
             if self.measure:
                 self.measured_mbit = self.measure_links()

@@ -103,16 +103,43 @@ class MemoryCgroup:
         self.path = root / name
         self.path.mkdir(exist_ok=True)
         if limit_bytes is not None:
-            if self.version == 1:
-                (self.path / "memory.limit_in_bytes").write_text(str(int(limit_bytes)))
-                if (self.path / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
-                    (self.path / "memory.memsw.limit_in_bytes").write_text(str(int(limit_bytes)))
-            else:
-                (self.path / "memory.max").write_text(str(int(limit_bytes)))
+            self.set_limit(limit_bytes)
+            if self.version == 2:
                 (self.path / "memory.swap.max").write_text("0")
 
     def add_self(self) -> None:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def set_limit(self, limit_bytes: int | None) -> None:
+        """A new limit for the next processes (None: none); the group should be empty."""
+        value = str(int(limit_bytes)) if limit_bytes is not None else ("-1" if self.version == 1 else "max")
+        if self.version == 1:
+            memsw = self.path / "memory.memsw.limit_in_bytes"  # must stay >= the limit at every moment
+            if memsw.exists():
+                memsw.write_text("-1")
+            (self.path / "memory.limit_in_bytes").write_text(value)
+            if memsw.exists():
+                memsw.write_text(value)  # no escape into swap
+        else:
+            (self.path / "memory.max").write_text(value)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from the current usage (v1; v2 from Linux 6.12); no-op where unsupported."""
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        try:
+            (self.path / name).write_text("0")
+        except OSError:
+            pass
+
+    def oom_kills(self) -> int:
+        """How many processes of this group the kernel killed for going over its limit, so far."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            text = (self.path / name).read_text()
+        except OSError:
+            return 0
+        fields = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+        return int(fields.get("oom_kill", "0"))
 
     def peak_bytes(self) -> int:
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
@@ -120,13 +147,7 @@ class MemoryCgroup:
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this group for going over its limit."""
-        name = "memory.oom_control" if self.version == 1 else "memory.events"
-        try:
-            text = (self.path / name).read_text()
-        except OSError:
-            return False
-        fields = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
-        return int(fields.get("oom_kill", "0")) > 0
+        return self.oom_kills() > 0
 
     def remove(self) -> None:
         remove_cgroup(self.path)

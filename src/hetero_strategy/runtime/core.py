@@ -157,7 +157,7 @@ class HeteroRuntime(TrainingEvents):
                                     shuffle=shuffle, all_ranks=all_ranks, accumulate=accumulate, info=self.info,
                                     warn=self.warn)
         self.state.attach(sampler=planned.sampler, balancer=planned.balancer)
-        self.state.memory_caps = planned.memory_caps  # the probe's, in the run record
+        self.state.memory_caps, self.state.memory_probe = planned.memory_caps, planned.memory  # in the run record
         if planned.memory_caps is not None and isinstance(self.hook_state, ShardedReduction):
             self.hook_state.keep_gathered()  # every rank alike: the caps are all-gathered
         sampler = planned.sampler

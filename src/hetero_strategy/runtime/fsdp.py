@@ -141,11 +141,29 @@ class ShardedReduction:
         for module in self.modules:
             module.set_reshard_after_forward(False, recurse=False)
 
-    @staticmethod
-    def probe(measure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        """The start-up probe as FSDP2 runs a step: its reduce-scatter already runs inside the probe's
-        own backward, so no dense all-reduce is timed beside it (as it is for DDP's exchange)."""
-        return lambda batches, exchange: measure(batches, replace(exchange, dense=False))
+    def probe(self, measure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """The start-up probe on this rank's own compute. FSDP2's collectives inside forward and backward
+        would make every rank wait for the slowest and time alike; so the parameters are gathered
+        once before (one all-gather per unit, every rank alike), the timed steps run no collective
+        (no reduce-scatter, no resharding), and afterwards the parameters are resharded. The probe
+        clears the gradients it made while the unsharded parameters are the module's own. No dense all-reduce is timed beside (as it is for DDP's exchange):
+        FSDP2's exchange is its own."""
+
+        def run(batches: Any, exchange: Any) -> Any:
+            for module in self.modules:
+                module.set_requires_gradient_sync(False, recurse=False)
+                module.set_reshard_after_backward(False, recurse=False)
+            for module in self.modules:
+                module.unshard()
+            try:
+                return measure(batches, replace(exchange, dense=False))
+            finally:
+                for module in self.modules:
+                    module.set_requires_gradient_sync(True, recurse=False)
+                    module.set_reshard_after_backward(True, recurse=False)
+                    module.reshard()
+
+        return run
 
     def state_dict(self) -> dict:  # the weight is set again at every batch start: nothing to keep
         return {}
@@ -164,3 +182,4 @@ class ShardedReduction:
         if not self.weighed:
             raise RuntimeError(f"under FSDP2 this step's loss was not weighted by the rank's share b_r/G: {fix}")
         self.weighed = False
+

@@ -55,6 +55,8 @@ class PlannedLoader(NamedTuple):
     balancer: OnlineBalancer | None
     memory_caps: list[int] | None = None
     """Per-rank samples per pass from the probe's memory (None: max_batch_sizes given, or no limit known)."""
+    memory: list[Any] | None = None
+    """Every rank's probed MemoryCost (None where it was not measured), when the probe ran."""
 
 
 def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: DataLoader, *, seed: int,
@@ -88,7 +90,7 @@ def plan_train_loader(config: HeteroConfig, rank: int, world_size: int, loader: 
         info("hetero: memory caps per rank (samples per pass, limit less "
              f"{config.balance.memory_margin:.0%}): {caps}; probed (fixed MB, MB per sample, limit MB): "
              f"{[_mb(c.memory) for c in probed]}")
-    return PlannedLoader(loader, sampler, balancer, caps)
+    return PlannedLoader(loader, sampler, balancer, caps, [c.memory for c in probed] or None)
 
 
 def memory_caps(costs: list[StepCost], cfg: BalanceConfig, global_batch: int) -> list[int] | None:

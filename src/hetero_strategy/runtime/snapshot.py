@@ -83,7 +83,10 @@ def run_record(state: Any, mine: dict[str, Any]) -> dict[str, Any]:
     epoch, samples = sampler.position if sampler is not None else (0, 0)
     run = {"world_size": state.world_size, "steps": state.steps, "epoch": epoch, "samples": samples,
            "hook_step": (mine.get("hook") or {}).get("step"), "config": state.config.to_record(),
-           "memory_caps": state.memory_caps}
+           "memory_caps": state.memory_caps,
+           "memory_probe": None if state.memory_probe is None else [
+               None if m is None else {"fixed_bytes": m.fixed_bytes, "per_sample_bytes": m.per_sample_bytes,
+                                       "limit_bytes": m.limit_bytes} for m in state.memory_probe]}
     if hybrid is not None:  # the phase and sync count, the same on every rank
         run["hybrid"] = hybrid.shared_state_dict()
     return run

@@ -53,6 +53,7 @@ class RuntimeState:
         self.parts: dict[str, Any] = dict.fromkeys(PARTS)
         self.steps = 0  # optimizer steps taken (checkpointed), for adapters without a step counter
         self.memory_caps: list[int] | None = None  # samples per pass from the probe's memory (planner)
+        self.memory_probe: list[Any] | None = None  # every rank's probed MemoryCost (planner)
         self._pending: dict[str, Any] = {}
 
     def attach(self, **parts: Any) -> None:
