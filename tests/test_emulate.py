@@ -65,6 +65,9 @@ def _owned_by(pid: int) -> list[str]:
     ({"compute": [1.0], "mtu": 9000, "simulate": True}, "mtu=9000 is invalid with simulate=True"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 1]}, "nodes=[1, 1] is invalid"),
     ({"compute": [1.0, 1.0, 1.0], "nodes": [1, 2], "links": ["1gbit"] * 3}, "one per node"),
+    ({"compute": [1.0, 1.0], "memory": ["1G", "2G", "3G"]}, "memory=['1G', '2G', '3G'] is invalid: give 1 or 2"),
+    ({"compute": [1.0], "memory": ["lots"]}, "memory[0]='lots' is invalid: give a size of at least 64M"),
+    ({"compute": [1.0], "memory": ["1G"], "simulate": True}, "is invalid with simulate=True"),
 ])
 def test_spec_refuses_bad_values(kwargs, needle):
     with pytest.raises(ValueError, match=None) as err:
@@ -195,6 +198,20 @@ def test_quota_rank_is_slower_and_env_is_torchrun_like():
         assert env == {"WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "10.77.0.1",
                        "GLOO_SOCKET_IFNAME": "veth0", "OMP_NUM_THREADS": "1"}
         assert out.strip().endswith(f"[{cluster.cores[rank]}]")
+
+
+@needs_root
+def test_a_rank_over_its_memory_limit_is_killed_by_the_kernel_and_the_other_is_not():
+    # rank 1 may hold 300 MB and touches 600 MB; rank 0 has no limit, only accounting
+    code = "import os, torch\nx = torch.ones(150 * 2**20 // 4 * 4)\nprint('touched', x.sum().item())"
+    with EmulatedCluster(compute=[1.0, 1.0], memory=["none", "300M"], measure=False) as cluster:
+        res = cluster.run([PY, "-c", code], timeout=60)
+        slow = cluster.memory_cgroups[1]
+        assert cluster.describe()[1]["memory_limit_bytes"] == 300 * 2**20
+        assert res.returncodes[1] == -9 and slow.oom_killed()  # SIGKILL from the kernel's OOM killer
+        # rank 0's group only accounts: never killed for memory (the emulator may stop it once rank 1 died)
+        assert not cluster.memory_cgroups[0].oom_killed() and cluster.memory_cgroups[0].peak_bytes() > 0
+    assert _mine(cluster) == []  # the memory cgroups go with the rest
 
 
 @needs_root

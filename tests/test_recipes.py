@@ -123,3 +123,11 @@ def test_cifar10_flag_alone_gives_the_model_a_3_channel_stem(monkeypatch):
                           "--trainer.strategy.compression=topk"])  # a strategy flag without naming the class
     assert cli.model.net.conv1.in_channels == 3  # nothing loaded or downloaded to learn it
     assert cli.trainer.strategy.hetero_config.compression.method == "topk"
+
+
+def test_bert_lightning_fsdp2_config_shards_and_runs_passes(tmp_path):
+    log = _lightning("bert_lightning.py", tmp_path, "--config", str(RECIPES / "configs" / "bert_fsdp.yaml"),
+                     "--trainer.max_steps=4", "--data.batch_size=8", torchrun=True)
+    split = re.search(r"global batch 16 split as \[(\d+), (\d+)\]", log)  # the probe's split of 2 x 8
+    assert split and int(split.group(2)) > 2, log[-4000:]  # rank 1's share is above its cap of 2: passes
+    assert re.search(r"^RESULT accuracy=[\d.]+ steps=4$", log, re.MULTILINE), log[-4000:]

@@ -32,9 +32,10 @@ from typing import Any
 import torch
 from typing_extensions import Self
 
-__all__ = ["MemoryCost", "PeakMemory", "exact_host_memory", "fit_memory", "memory_limit_bytes"]
+__all__ = ["MEMORY_LIMIT_ENV", "MemoryCost", "PeakMemory", "exact_host_memory", "fit_memory", "memory_limit_bytes"]
 
 _CGROUP = Path("/sys/fs/cgroup")
+MEMORY_LIMIT_ENV = "HETERO_MEMORY_LIMIT"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -65,7 +66,11 @@ def fit_memory(points: list[tuple[int, float]], limit_bytes: float | None) -> Me
 
 
 def memory_limit_bytes(device: torch.device) -> float | None:
-    """The memory a rank may use: the CUDA device's total, or this process's cgroup limit (None: none)."""
+    """The memory a rank may use: the CUDA device's total, or this process's cgroup limit (None: none);
+    ``$HETERO_MEMORY_LIMIT`` (bytes) first, for a process that cannot see its cgroup (a container
+    without cgroupfs, a network namespace's fresh /sys, as the emulator's ranks run in)."""
+    if os.environ.get(MEMORY_LIMIT_ENV, "").isdigit():
+        return float(os.environ[MEMORY_LIMIT_ENV])
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
     for line in _read("/proc/self/cgroup").splitlines():
@@ -91,6 +96,7 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hwm = False
+        self._total = self._sampled = 0.0
 
     def __enter__(self) -> Self:
         if self.device.type == "cuda":
@@ -99,7 +105,10 @@ class PeakMemory:
             self.start = float(torch.cuda.memory_allocated(self.device))
             return self
         _trim()
-        self.bytes = self.start = _rss()
+        # NOTE: the whole resident set, shared libraries included: a memory cgroup charges this
+        # process between its anonymous part and that (a library's pages go to whoever read them
+        # first), so the caps err on the safe side
+        self.bytes = self.start = self._total = _rss()
         self._hwm = _reset_high_water()
         if not self._hwm:  # no kernel high-water mark to read: sample
             self._thread = threading.Thread(target=self._sample, name="hetero-peak-memory", daemon=True)
@@ -114,11 +123,12 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.bytes = max(self.bytes, _rss(), _high_water() if self._hwm else 0.0)
+        top = max(_rss(), _high_water() if self._hwm else 0.0, self._sampled)
+        self.bytes = self.start + max(0.0, top - self._total)
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.bytes = max(self.bytes, _rss())
+            self._sampled = max(self._sampled, _rss())
 
 
 def _rss() -> float:
@@ -135,8 +145,12 @@ def _reset_high_water() -> bool:
 
 
 def _high_water() -> float:
+    return _status_bytes("VmHWM:")
+
+
+def _status_bytes(key: str) -> float:
     for line in _read("/proc/self/status").splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key):
             return float(line.split()[1]) * 1024
     return 0.0
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from typing_extensions import Self
 
+from hetero_strategy.balance.memory import MEMORY_LIMIT_ENV
 from hetero_strategy.cluster.tiers import parse_rate
 from hetero_strategy.emulate import netns
 from hetero_strategy.emulate.launch import RankProcess, RunResult, run_with_restarts, supervise
@@ -155,6 +156,11 @@ class EmulatedCluster:
         )
         if self.spec.simulate:
             env["HETERO_SIMULATE_COMPUTE"] = f"{self.spec.compute[rank]:g}"
+        memory = self.memory_cgroups[rank] if self.memory_cgroups else None
+        env.pop(MEMORY_LIMIT_ENV, None)
+        if memory is not None and memory.limit_bytes is not None:
+            # NOTE: `ip netns exec` mounts a fresh /sys, where the rank cannot read its cgroup's limit
+            env[MEMORY_LIMIT_ENV] = str(memory.limit_bytes)
         tier = self.spec.tier(rank)
         if tier is not None and "HETERO_TIER" not in os.environ:
             env["HETERO_TIER"] = tier

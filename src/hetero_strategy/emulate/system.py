@@ -102,6 +102,7 @@ class MemoryCgroup:
             raise EmulatorError(f"no cgroup memory controller under {_CGROUP}: mount cgroup v1 'memory' or v2")
         self.path = root / name
         self.path.mkdir(exist_ok=True)
+        self.limit_bytes: int | None = None
         if limit_bytes is not None:
             self.set_limit(limit_bytes)
             if self.version == 2:
@@ -112,6 +113,7 @@ class MemoryCgroup:
 
     def set_limit(self, limit_bytes: int | None) -> None:
         """A new limit for the next processes (None: none); the group should be empty."""
+        self.limit_bytes = None if limit_bytes is None else int(limit_bytes)
         value = str(int(limit_bytes)) if limit_bytes is not None else ("-1" if self.version == 1 else "max")
         if self.version == 1:
             memsw = self.path / "memory.memsw.limit_in_bytes"  # must stay >= the limit at every moment
