@@ -28,7 +28,7 @@ from hetero_strategy.config import (
 CONFIG = {
     "batch_sizes": ([3, 0], "batch_sizes[1]=0"), "capacities": ([1.0, -2.0], "capacities[1]=-2.0"),
     "alpha": (-0.1, "alpha=-0.1"), "beta": ("high", "beta='high'"), "max_batch_sizes": ([0], "max_batch_sizes[0]=0"),
-    "probe_steps": (0, "probe_steps=0"), "seed": ("zero", "seed='zero'"), "profile": (42, "profile=42"),
+    "probe_steps": (0, "probe_steps=0"), "memory_margin": (1.5, "memory_margin=1.5"), "seed": ("zero", "seed='zero'"), "profile": (42, "profile=42"),
     "sample_cost": (3.5, "sample_cost=3.5"), "loss_normalization": ("words", "'samples' or 'tokens'"),
     "calibrate": ("yes", "calibrate='yes'"), "cold_start_steps": (-1, "cold_start_steps=-1"),
     "recalibrate_every": (0, "recalibrate_every=0"), "window": (0, "window=0"), "max_change": (1.5, "max_change=1.5"),

@@ -74,7 +74,7 @@ def fit(mode: str, args: argparse.Namespace, world: int) -> dict:
     n = args.batch * world * (args.steps + 2)
     data = TensorDataset(torch.randn(n, 3, args.size, args.size, generator=g), torch.randint(0, 10, (n,), generator=g))
     strategy = ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1) if mode == "fsdp" else \
-        HeteroFSDPStrategy(memory_margin=args.memory_margin, probe_steps=2)
+        HeteroFSDPStrategy(memory_margin=args.memory_margin, probe_steps=args.probe_steps)
     clock, model = Clock(), Net(shard_itself=mode == "fsdp")
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=args.steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure", type=int, default=8)
     p.add_argument("--memory-margin", type=float, default=0.03)
     p.add_argument("--size", type=int, default=96, help="image side: activations grow with its square")
+    p.add_argument("--probe-steps", type=int, default=5, help="hetero_fsdp's probe_steps")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
