@@ -57,6 +57,13 @@ def _two_ranks(rank: int, world_size: int, tmp: str) -> dict:
     model, trainer = _fit("hetero_fsdp", 4)
     out["probe"], out["probe_sizes"] = _full(model), trainer.strategy.sampler.batch_sizes
 
+    # bf16 parameters reduced in fp32: the probe's steps (no sync) must leave nothing for the first real
+    # step; the oracle is the same run at the probed split without a probe
+    probed, trainer = _fit(HeteroFSDPStrategy(precision_policy="bf16"), 3)
+    sizes = trainer.strategy.sampler.batch_sizes
+    unprobed, _ = _fit(HeteroFSDPStrategy(precision_policy="bf16", batch_sizes=sizes), 3)
+    out["bf16_probed"], out["bf16_unprobed"] = _full(probed), _full(unprobed)
+
     # mid-epoch checkpoint (DCP directory) at step 4 of 10, resumed to 8: equal to 8 uninterrupted steps
     every4 = ModelCheckpoint(dirpath=os.path.join(tmp, "every4"), every_n_train_steps=4, save_top_k=-1)
     _fit(HeteroFSDPStrategy(batch_sizes=[5, 3]), 4, callbacks=[every4], enable_checkpointing=True)
@@ -101,6 +108,11 @@ def test_probed_split_sums_to_the_global_batch_and_stays_exact(two):
     sizes = two[0]["probe_sizes"]
     assert sum(sizes) == 8 and all(s > 0 for s in sizes) and two[1]["probe_sizes"] == sizes
     _close(two[0]["probe"], one_process_sgd(make_data(80), 8, 4))
+
+
+def test_the_probe_leaves_no_gradient_behind_with_bf16_parameters(two):
+    for got, want in zip(two[0]["bf16_probed"], two[0]["bf16_unprobed"], strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def test_resume_from_a_mid_epoch_dcp_checkpoint_goes_on_exactly(two):

@@ -29,6 +29,13 @@ def test_a_batch_is_cut_along_its_first_dimension_wherever_it_nests():
     assert first["ids"] == ["a", "b", "c"] and second["ids"] == ["d", "e"] and second["n"] == 5
 
 
+class _NoBatchIdx(Regressor):
+    """A training_step without batch_idx: Lightning then passes the batch alone."""
+
+    def training_step(self, batch):
+        return super().training_step(batch, 0)
+
+
 def _ranks(rank: int, world_size: int) -> dict:
     import lightning as L
 
@@ -43,6 +50,11 @@ def _ranks(rank: int, world_size: int) -> dict:
                                 **trainer_kwargs(accumulate_grad_batches=accumulate))
             trainer.fit(model, loader(make_data(80), 4))
             out[f"{name}_{accumulate}"] = ([_whole(p) for p in model.net.parameters()], model.seen)
+    model = _NoBatchIdx()
+    trainer = L.Trainer(strategy=HeteroStrategy(batch_sizes=[3, 5], max_batch_sizes=[8, 2]), max_steps=8,
+                        **trainer_kwargs())
+    trainer.fit(model, loader(make_data(80), 4))
+    out["no_batch_idx"] = ([_whole(p) for p in model.net.parameters()], model.seen)
     # caps below the even split (4 + 4 > 2 + 2): the shares still follow capacity, run as passes
     model = Regressor()
     trainer = L.Trainer(strategy=HeteroFSDPStrategy(capacities=[1.0, 1.0], max_batch_sizes=[2, 2]), max_steps=4,
@@ -82,3 +94,9 @@ def test_caps_below_the_even_split_run_as_passes_not_as_an_error(ranks):
     weights, seen, sizes = ranks[1]["below"]
     assert sizes == [4, 4] and seen == [2, 2] * 4
     _close(weights, one_process_sgd(make_data(80), 8, 4))
+
+
+def test_a_training_step_without_batch_idx_keeps_its_earlier_passes(ranks):
+    weights, seen = ranks[1]["no_batch_idx"]
+    assert seen == [2, 2, 1] * 8
+    _close(weights, one_process_sgd(make_data(80), 8, 8))

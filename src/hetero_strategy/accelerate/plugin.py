@@ -140,10 +140,9 @@ class HeteroPlugin:
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
         loader = self._train_loader(objects[train_index], model, loss_fn)
         self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
-        if fsdp_modules(ddp):
-            for inner in self._optimizers:
-                inner.register_step_pre_hook(lambda *_: self.runtime.hook_state.require_weighed(
-                    "call plugin.backward(loss) in place of accelerator.backward(loss)"))
+        if fsdp_modules(ddp) and self._optimizers:  # the first optimizer checks once per step
+            self._optimizers[0].register_step_pre_hook(lambda *_: self.runtime.hook_state.require_weighed(
+                "call plugin.backward(loss) in place of accelerator.backward(loss)"))
         accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))

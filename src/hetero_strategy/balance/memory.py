@@ -2,8 +2,10 @@
 
 The start-up probe runs one step at each of two batch sizes under :class:`PeakMemory` and fits
 ``fixed + per_sample x b`` (:func:`fit_memory`). The fixed part holds what does not grow with the
-batch: parameters, gradients and optimizer state (sharded or not, as the rank really holds them),
-the framework's own memory; the per-sample part is the activations. With the device's limit
+batch: parameters and gradients (sharded or not, as the rank really holds them), optimizer state
+that exists already, the framework's own memory; the per-sample part is the activations. (The
+probe runs before the first optimizer step: state created there, such as Adam's moments, and
+DDP's gradient buckets are not in it, see docs/fsdp.md.) With the device's limit
 (:func:`memory_limit_bytes`) less a margin, :meth:`MemoryCost.cap` is the largest pass that fits.
 
 * **CUDA**: ``torch.cuda.max_memory_allocated`` after a reset of the peak statistics, against the

@@ -36,11 +36,11 @@ class RuntimeParts:
 
     _early_pass = False  # inside the backward of a pass before the last (micro-batching)
     _keep_grads = False  # the earlier passes' gradients wait in .grad: skip Lightning's next zero_grad
+    _batch_idx = 0  # of the batch in training (on_train_batch_start)
 
     def _guard_zero_grad(self) -> None:
-        """Once the optimizers exist: their zero_grad skips once when the earlier passes' gradients wait."""
-        if self.hetero_config.balance.max_batch_sizes is None:
-            return  # no passes: nothing to keep
+        """Once the optimizers exist: their zero_grad skips once when the earlier passes' gradients wait
+        (installed always: the probe's memory caps, planned later, can make passes too)."""
         for optimizer in self.optimizers:
             real = optimizer.zero_grad
 
@@ -109,6 +109,7 @@ class RuntimeParts:
     # ---- per step ------------------------------------------------------------------------
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
+        self._batch_idx = batch_idx
         self.runtime.batch_start(step_in_epoch=batch_idx)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -126,7 +127,7 @@ class RuntimeParts:
                               "optimization: a share above its cap runs as passes that hetero backpropagates; "
                               "raise the cap to the share, or use automatic optimization")
         accumulate = getattr(self._trainer(), "accumulate_grad_batches", 1)
-        if len(args) > 1 and isinstance(args[1], int) and args[1] % accumulate == 0:
+        if self._batch_idx % accumulate == 0:  # NOTE: Lightning passes batch_idx only if training_step takes it
             # NOTE: Lightning zeroes the gradients between training_step and backward, which would
             # drop the earlier passes' gradients: they are zeroed here instead, and that zero_grad skipped
             for optimizer in self.optimizers:

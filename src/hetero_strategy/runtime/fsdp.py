@@ -161,6 +161,7 @@ class ShardedReduction:
                 for module in self.modules:
                     module.set_requires_gradient_sync(True, recurse=False)
                     module.set_reshard_after_backward(True, recurse=False)
+                    _drop_accumulated_grads(module)
                     module.reshard()
 
         return run
@@ -183,3 +184,11 @@ class ShardedReduction:
             raise RuntimeError(f"under FSDP2 this step's loss was not weighted by the rank's share b_r/G: {fix}")
         self.weighed = False
 
+
+def _drop_accumulated_grads(module: Any) -> None:
+    # NOTE: with a reduce dtype other than the parameters' (bf16 parameters, fp32 reduction), steps
+    # without gradient sync move their gradients into FSDPParam.unsharded_accumulated_grad (torch
+    # 2.14), which only a reduce-scatter clears: the probe's must not reach the first real step
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    for param in [] if group is None else group.fsdp_params:
+        param.unsharded_accumulated_grad = None
