@@ -95,7 +95,7 @@ def _kernel_peak(n: int) -> int:
         proc = subprocess.run([sys.executable, "-c", code, str(n), str(reset)], preexec_fn=cgroup.add_self, check=False,
                               capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0 and "memory.peak" in proc.stderr:
-            pytest.skip("this kernel cannot reset a cgroup v2 memory.peak (before 6.12): no warm peak to compare")
+            pytest.skip("this kernel cannot reset a cgroup v2 memory.peak (Linux < 6.12), so the oracle has no warm-step peak")
         assert proc.returncode == 0, proc.stderr[-2000:]
         return cgroup.peak_bytes()
     finally:
@@ -122,7 +122,7 @@ def _probed_per_sample() -> float:
     return float(proc.stdout.split()[-1])
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's peak needs a memory cgroup (root)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the oracle is the kernel's own peak of a memory cgroup, which only root may create")
 def test_the_probes_bytes_per_sample_are_within_20pct_of_the_kernels_growth():
     probed = statistics.median(_probed_per_sample() for _ in range(5))  # each in a fresh process
     # the oracle: other processes, warm, at two other batch sizes, measured by the kernel's cgroup accounting

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lit_models import error_of
 from oracle import make_data, make_net
 
 from hetero_strategy.accelerate import HeteroPlugin
@@ -62,14 +63,6 @@ def fit(steps: int, accumulate: int = 1, weighted: bool = True, **fields) -> dic
     weights = [(p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for p in model.parameters()]
     plugin.close()
     return {"weights": weights, "seen": seen, "sharded": type(next(model.parameters())).__name__}
-
-
-def error_of(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test reads the message
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def main() -> None:
