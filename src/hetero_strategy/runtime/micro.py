@@ -26,11 +26,10 @@ __all__ = ["MicroBatch", "no_gradient_sync", "pass_sizes", "split_batch_tree"]
 
 
 class MicroBatch(NamedTuple):
-    """One pass of a rank's share: its slice, its loss weight n_i / b_r, and whether it synchronises."""
+    """One pass of a rank's share: its slice and its loss weight n_i / b_r (the last pass synchronises)."""
 
     batch: Any
     weight: float
-    last: bool
 
 
 def pass_sizes(share: int, cap: int | None) -> list[int]:
@@ -96,9 +95,8 @@ def micro_batches(batch: Any, share: int, cap: int | None, model: Any) -> Iterat
     """(pass, the context its forward and backward run in) for each pass of this rank's share."""
     sizes = pass_sizes(share, cap)
     if len(sizes) == 1:
-        yield MicroBatch(batch, 1.0, True), contextlib.nullcontext()
+        yield MicroBatch(batch, 1.0), contextlib.nullcontext()
         return
     for i, chunk in enumerate(split_batch_tree(batch, sizes)):
         last = i == len(sizes) - 1
-        yield MicroBatch(chunk, sizes[i] / share, last), (contextlib.nullcontext() if last
-                                                         else no_gradient_sync(model))
+        yield MicroBatch(chunk, sizes[i] / share), (contextlib.nullcontext() if last else no_gradient_sync(model))
