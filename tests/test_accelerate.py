@@ -45,7 +45,8 @@ def launch(group: str, out: Path, *extra: str, timeout: float = 240) -> list[dic
 
 
 # the scenarios of group "exact", in the order tests/scripts/accel_scenarios.py runs them
-EXACT_SCENARIOS = ("shuffle_uneven_last", "accumulate_clip_steplr", "two_epochs_calibrated", "nan_skipped")
+EXACT_SCENARIOS = ("shuffle_uneven_last", "accumulate_clip_steplr", "two_epochs_calibrated", "nan_skipped",
+                   "micro_accumulate_clip")
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,13 @@ def test_accumulation_clipping_and_schedule_follow_one_process(exact):
     assert not all(torch.allclose(a, b.detach()) for a, b in zip(r["weights"], constant.parameters()))
 
 
+def test_a_share_above_its_cap_runs_as_passes_and_stays_exact(exact):
+    assert exact[0]["micro_accumulate_clip"]["passes"] == [3] * 12
+    assert exact[1]["micro_accumulate_clip"]["passes"] == [5, 4, 4] * 12  # the loop saw every pass
+    oracle = one_process_sgd(make_data(96), 16, 6, shuffle=True, accumulate=2, clip=0.05, step_lr=(2, 0.5))
+    _assert_weights(exact, "micro_accumulate_clip", oracle)
+
+
 def test_calibration_moves_the_split_and_keeps_semantics(exact):
     run0, run1 = exact[0]["two_epochs_calibrated"], exact[1]["two_epochs_calibrated"]
     seen0, seen1 = run0["seen"], run1["seen"]
@@ -98,12 +106,12 @@ def test_metrics_reach_accelerate_trackers(exact):
     step, row = logged[0]
     assert step == 0
     assert row["hetero/batch_size_r0"] == 3 and row["hetero/batch_size_r1"] == 13
-    # one row per optimizer step of the 4 scenarios (log_every_n_steps=1; a dropped step still ends)
-    assert len(logged) == 5 + 6 + 12 + 5
-    assert [s for s, _ in logged] == [*range(5), *range(6), *range(12), *range(5)]
+    # one row per optimizer step of the 5 scenarios (log_every_n_steps=1; a dropped step still ends)
+    assert len(logged) == 5 + 6 + 12 + 5 + 6
+    assert [s for s, _ in logged] == [*range(5), *range(6), *range(12), *range(5), *range(6)]
     # the logged split is the one each rank's loader delivered (a micro-batch's, under accumulation)
     split = [(a, b) for name in EXACT_SCENARIOS
-             for a, b in zip(*(exact[r][name]["seen"][::2 if name == "accumulate_clip_steplr" else 1]
+             for a, b in zip(*(exact[r][name]["seen"][::2 if "accumulate" in name else 1]
                                for r in range(2)), strict=True)]
     assert [(row["hetero/batch_size_r0"], row["hetero/batch_size_r1"]) for _, row in logged] == split
     for i, (_, row) in enumerate(logged):

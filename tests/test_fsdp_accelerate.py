@@ -58,6 +58,14 @@ def test_gradient_accumulation_keeps_its_meaning_on_top(ranks):
         _close(r["accumulate"]["weights"], oracle)
 
 
+@pytest.mark.parametrize("name, accumulate", [("micro", 1), ("micro_accumulate", 2)])
+def test_a_share_above_its_cap_runs_as_passes_and_stays_exact(ranks, name, accumulate):
+    oracle = one_process_sgd(make_data(80), 8, 8 // accumulate, accumulate=accumulate)
+    assert ranks[0][name]["seen"] == [3] * 8 and ranks[1][name]["seen"] == [2, 2, 1] * 8
+    for r in ranks:
+        _close(r[name]["weights"], oracle)
+
+
 def test_a_loss_not_weighted_by_the_plugin_is_refused(ranks):
     for r in ranks:
         assert "call plugin.backward(loss) in place of accelerator.backward(loss)" in r["unweighted"]

@@ -40,7 +40,7 @@ def cpu_fsdp2(accumulate: int = 1) -> Accelerator:
     return accelerator
 
 
-def fit(steps: int, accumulate: int = 1, weighted: bool = True, **fields) -> dict:
+def fit(steps: int, accumulate: int = 1, weighted: bool = True, micro: bool = False, **fields) -> dict:
     accelerator = cpu_fsdp2(accumulate)
     net = make_net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -50,9 +50,10 @@ def fit(steps: int, accumulate: int = 1, weighted: bool = True, **fields) -> dic
     while done < steps:
         for x, y in loader:
             with accelerator.accumulate(model):
-                seen.append(len(x))
-                loss = nn.functional.mse_loss(model(x).squeeze(1), y)
-                plugin.backward(loss) if weighted else accelerator.backward(loss)
+                for px, py in plugin.micro_batches((x, y)) if micro else [(x, y)]:
+                    seen.append(len(px))
+                    loss = nn.functional.mse_loss(model(px).squeeze(1), py)
+                    plugin.backward(loss) if weighted else accelerator.backward(loss)
                 opt.step()
                 opt.zero_grad()
             done += accelerator.sync_gradients
@@ -67,7 +68,10 @@ def fit(steps: int, accumulate: int = 1, weighted: bool = True, **fields) -> dic
 
 def main() -> None:
     out_dir = Path(sys.argv[1])
+    # rank 1's share of 5 as passes of 2, 2 and 1 (cap 2), alone and under accumulation
     result = {"plain": fit(8), "accumulate": fit(4, accumulate=2),
+              "micro": fit(8, micro=True, max_batch_sizes=[8, 2]),
+              "micro_accumulate": fit(4, accumulate=2, micro=True, max_batch_sizes=[8, 2]),
               "unweighted": error_of(lambda: fit(1, weighted=False)),
               "topk": error_of(lambda: fit(1, compression="topk"))}
     result["fsdp_version"] = cpu_fsdp2().state.fsdp_plugin.fsdp_version

@@ -1,4 +1,4 @@
-"""The prepared training loader, wired to the runtime, and the probe's default step function."""
+"""The prepared training loader, wired to the runtime, and the start-up probe it is planned with."""
 
 from __future__ import annotations
 
@@ -7,9 +7,46 @@ from typing import Any
 
 import torch
 
+from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.runtime import HeteroRuntime
 
-__all__ = ["HeteroDataLoader", "default_loss"]
+__all__ = ["HeteroDataLoader", "default_loss", "train_loader"]
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+def train_loader(accelerator: Any, runtime: HeteroRuntime, loader: Any, model: Any,
+                 loss_fn: LossFn | None) -> HeteroDataLoader:
+    """The user's training loader, planned by the runtime (probing ``model`` when nothing is configured)."""
+    measure = None if model is None else lambda batches, exchange: _measure(accelerator, runtime, model, loss_fn,
+                                                                            batches, exchange)
+    seed = runtime.config.balance.seed if runtime.config.balance.seed is not None else 0
+    # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
+    # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
+    # sharding, device placement, end-of-epoch flag (for accumulate) and set_epoch.
+    rebuilt = runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True,
+                                   accumulate=accelerator.gradient_accumulation_steps)
+    return HeteroDataLoader(accelerator.prepare(rebuilt), runtime)
+
+
+def _measure(accelerator: Any, runtime: HeteroRuntime, model: Any, loss_fn: LossFn | None,
+             batches: list[tuple[Any, int]], exchange: ProbeExchange) -> StepCost | None:
+    """Probe the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
+    from accelerate.utils import send_to_device
+
+    module = accelerator.unwrap_model(model)
+    on_device = [(send_to_device(b, accelerator.device), n) for b, n in batches]
+    fn = loss_fn or default_loss
+    try:
+        with runtime.autocast():  # timed in the dtype this rank will train in
+            return probe_step_cost(module, lambda b: fn(module, b), on_device, runtime.config.balance.probe_steps,
+                                   exchange=exchange)
+    except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
+        if loss_fn is not None:
+            raise
+        runtime.warn(f"hetero: {e}; pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, "
+                     "or batch_sizes=/capacities=")
+        return None
 
 
 class HeteroDataLoader:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
-from hetero_strategy.accelerate.loader import HeteroDataLoader, default_loss
+from hetero_strategy.accelerate.loader import HeteroDataLoader, LossFn, train_loader
 from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase, wire_steps
-from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
@@ -47,8 +46,6 @@ from hetero_strategy.runtime.fsdp import check_sharded_config, fsdp_modules
 from hetero_strategy.runtime.loaders import train_loader_batch_size
 
 __all__ = ["HeteroPlugin"]
-
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 class HeteroPlugin:
@@ -86,6 +83,8 @@ class HeteroPlugin:
         self.resumed: Resumed | None = None  # where prepare() resumed from (checkpoint_dir, resume="auto")
         self._save_due = False
         self._model: Any = None
+        self._pass: tuple[float, bool] | None = None  # inside micro_batches: (loss weight, last pass)
+        self._warned_cap = False
 
     # ---- prepare -------------------------------------------------------------------------
     def prepare(self, accelerator: Any, *objects: Any, loss_fn: LossFn | None = None,
@@ -138,7 +137,7 @@ class HeteroPlugin:
             self.runtime.hybrid.attach(model)
             model.forward = in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
-        loader = self._train_loader(objects[train_index], model, loss_fn)
+        loader = train_loader(accelerator, runtime, objects[train_index], model, loss_fn)
         self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
         if fsdp_modules(ddp) and self._optimizers:  # the first optimizer checks once per step
             self._optimizers[0].register_step_pre_hook(lambda *_: self.runtime.hook_state.require_weighed(
@@ -173,52 +172,49 @@ class HeteroPlugin:
             self._save_due = False
             self.checkpoints.save(self._model, self._optimizers)
 
-    def _train_loader(self, loader: DataLoader, model: Any, loss_fn: LossFn | None) -> HeteroDataLoader:
-        accelerator = self.accelerator
-        measure = None if model is None else lambda batches, exchange: self._measure(model, loss_fn, batches,
-                                                                                    exchange)
-        seed = self.config.balance.seed if self.config.balance.seed is not None else 0
-        # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
-        # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
-        # sharding, device placement, end-of-epoch flag (for accumulate) and set_epoch.
-        rebuilt = self.runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True,
-                                            accumulate=accelerator.gradient_accumulation_steps)
-        return HeteroDataLoader(accelerator.prepare(rebuilt), self.runtime)
-
-    def _measure(self, model: Any, loss_fn: LossFn | None, batches: list[tuple[Any, int]],
-                 exchange: ProbeExchange) -> StepCost | None:
-        """Probe the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
-        from accelerate.utils import send_to_device
-
-        module = self.accelerator.unwrap_model(model)
-        on_device = [(send_to_device(b, self.accelerator.device), n) for b, n in batches]
-        fn = loss_fn or default_loss
-        try:
-            with self.runtime.autocast():  # timed in the dtype this rank will train in
-                return probe_step_cost(module, lambda b: fn(module, b), on_device, self.config.balance.probe_steps,
-                                       exchange=exchange)
-        except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
-            if loss_fn is not None:
-                raise
-            self.runtime.warn(f"hetero: {e}; pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, "
-                              "or batch_sizes=/capacities=")
-            return None
-
     # ---- per step ------------------------------------------------------------------------
     def autocast(self) -> Any:
         """``with plugin.autocast():`` the forward, in this rank's dtype (precision_policy)."""
         return self.runtime.autocast()
 
+    def micro_batches(self, batch: Any) -> Iterator[Any]:
+        """This rank's batch as passes of at most its memory cap (``max_batch_sizes``, else the probe's),
+        for a share larger than one pass can hold; one pass when it fits::
+
+            for micro in plugin.micro_batches(batch):
+                plugin.backward(model(**micro).loss)
+
+        :meth:`backward` weighs each pass's loss by its n_i / b_r, and only the last pass
+        synchronises gradients, so the step stays one process's SGD (docs/fsdp.md, micro-batching)."""
+        if self.runtime is None:
+            raise RuntimeError("HeteroPlugin.micro_batches needs prepare() first")
+        passes = list(self.runtime.micro_batches(batch, self._model))
+        try:
+            for i, (micro, context) in enumerate(passes):
+                self._pass = (micro.weight, i == len(passes) - 1)
+                with context:  # its forward too: DDP decides in forward whether backward reduces
+                    yield micro.batch
+        finally:
+            self._pass = None
+
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """``accelerator.backward`` of the loss, weighted by b_r / G under FSDP2 and scaled on fp16 ranks
-        (needed with FSDP2 and with precision_policy).
+        (needed with FSDP2, with precision_policy and with :meth:`micro_batches`).
 
         After the micro-batch that syncs, the overflow decision is taken from the reduced gradient
         right away, so clipping by value before ``optimizer.step()`` cannot hide an inf.
         """
+        weight, last = self._pass or (1.0, True)
+        if self._pass is None and not self._warned_cap and self.runtime is not None:
+            cap = self.runtime.pass_cap
+            if cap is not None and self.runtime.local_batch > cap:
+                self._warned_cap = True
+                self.runtime.warn(f"hetero: rank {self.runtime.rank}'s share {self.runtime.local_batch} exceeds its "
+                                  f"memory cap {cap} and runs in one pass; iterate `for micro in "
+                                  "plugin.micro_batches(batch):` to run it as passes within the cap")
         with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward
-            self.accelerator.backward(self.runtime.scale_loss(loss), **kwargs)
-        if self._gates() and self.accelerator.sync_gradients:
+            self.accelerator.backward(self.runtime.scale_loss(loss * weight if weight != 1.0 else loss), **kwargs)
+        if last and self._gates() and self.accelerator.sync_gradients:
             self.runtime.check_overflow(p for group in self._param_groups() for p in group["params"])
 
     def _gates(self) -> bool:

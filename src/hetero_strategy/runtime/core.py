@@ -211,14 +211,20 @@ class HeteroRuntime(TrainingEvents):
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new
 
-    def micro_batches(self, batch: Any, model: Any) -> Iterator[tuple[MicroBatch, Any]]:
-        """This rank's batch as passes of at most its ``max_batch_sizes`` cap, each with its loss weight
-        n_i / b_r and the context its forward and backward run in (no gradient sync but for the last)."""
+    @property
+    def pass_cap(self) -> int | None:
+        """This rank's per-pass memory cap: its ``max_batch_sizes`` entry, else the probe's (None: no cap)."""
         caps = self.config.balance.max_batch_sizes or self.state.memory_caps  # no plan (local_batch 0): one pass
-        if caps and self.local_batch > caps[self.rank] and self.config.balance.loss_normalization == "tokens":
-            raise ConfigError(f"max_batch_sizes={caps} is invalid with loss_normalization='tokens': a pass's weight "
-                              "would need its token count; raise the cap to the share, or normalise by samples")
-        return micro_batches(batch, self.local_batch, caps[self.rank] if caps and self.local_batch else None, model)
+        return caps[self.rank] if caps and self.local_batch else None
+
+    def micro_batches(self, batch: Any, model: Any) -> Iterator[tuple[MicroBatch, Any]]:
+        """This rank's batch as passes of at most :attr:`pass_cap`, each with its loss weight n_i / b_r
+        and the context its forward and backward run in (no gradient sync but for the last)."""
+        cap = self.pass_cap
+        if cap is not None and self.local_batch > cap and self.config.balance.loss_normalization == "tokens":
+            raise ConfigError(f"max_batch_sizes cap {cap} is invalid with loss_normalization='tokens': a pass's "
+                              "weight would need its token count; raise the cap to the share, or normalise by samples")
+        return micro_batches(batch, self.local_batch, cap, model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """This rank's autocast (nothing without a precision policy)."""
