@@ -65,6 +65,22 @@ def run_command(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Any
     return proc.returncode, log
 
 
+def elastic_torchrun(script: Any, out: Any, *args: str, ranks: int = 2, restarts: int = 0) -> str:
+    """``script out args`` under torchrun as docs/reliability.md launches a job that restarts: c10d
+    rendezvous on a free port, a store per attempt; asserts success, returns the log."""
+    import sys
+    from pathlib import Path
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    env = launch_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", str(ranks), "--max-restarts",
+           str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
+           str(out), *args]
+    rc, log = run_command(cmd, env=env, timeout=240)
+    assert rc == 0, log[-5000:]
+    return log
+
+
 def init_gloo(rank: int, world_size: int) -> None:
     """Initialise the default gloo group from the environment run_distributed set."""
     import datetime

@@ -27,7 +27,7 @@ def make_net(features: int = 5, seed: int = 0) -> nn.Module:
 def one_process_sgd(
     data: TensorDataset, global_batch: int, steps: int, *, lr: float = 0.1, shuffle: bool = False, seed: int = 0,
     accumulate: int = 1, clip: float | None = None, step_lr: tuple[int, float] | None = None,
-    skip: frozenset[int] = frozenset(),
+    skip: frozenset[int] = frozenset(), momentum: float = 0.0,
 ) -> nn.Module:
     """The oracle: plain PyTorch, one process, batch G, the order a single DataLoader would use.
 
@@ -37,7 +37,7 @@ def one_process_sgd(
     rate after each step is kept in the returned module's ``lrs``.
     """
     net = make_net(data.tensors[0].shape[1])
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     sched = None if step_lr is None else torch.optim.lr_scheduler.StepLR(opt, step_lr[0], gamma=step_lr[1])
     net.lrs = []
     n = len(data)

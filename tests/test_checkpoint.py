@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import free_port, launch_env, run_command
+from dist_utils import elastic_torchrun, launch_env, run_command
 from oracle import make_data, make_net
 from torch.utils.data import DataLoader
 
@@ -22,18 +22,10 @@ from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer
 
 SCRIPT = Path(__file__).parent / "scripts" / "elastic_fit.py"
-BIN = Path(sys.executable).parent
 
 
 def _torchrun(out: Path, *args: str, ranks: int = 2, restarts: int = 0) -> str:
-    """The job as docs/reliability.md launches it: c10d rendezvous, a store per attempt."""
-    out.mkdir(parents=True, exist_ok=True)
-    env = launch_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    cmd = [str(BIN / "torchrun"), "--nproc-per-node", str(ranks), "--max-restarts", str(restarts),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(SCRIPT), str(out), *args]
-    rc, log = run_command(cmd, env=env, timeout=240)
-    assert rc == 0, log[-5000:]
-    return log
+    return elastic_torchrun(SCRIPT, out, *args, ranks=ranks, restarts=restarts)
 
 
 def _weights(run: Path, rank: int) -> list[torch.Tensor]:

@@ -66,6 +66,16 @@ def test_a_share_above_its_cap_runs_as_passes_and_stays_exact(ranks, name, accum
         _close(r[name]["weights"], oracle)
 
 
+@pytest.mark.parametrize("name", ["resumed", "load_state"])
+def test_a_stopped_run_resumes_with_its_sharded_momentum_and_equals_one_process(ranks, name):
+    """4 steps, a stop, then 4 more from the checkpoint (HeteroPlugin's checkpoint_dir, or
+    accelerator.save_state/load_state): one process's 8 steps of SGD with momentum."""
+    oracle = one_process_sgd(make_data(80), 8, 8, momentum=0.9)
+    for r, size in zip(ranks, (3, 5)):
+        assert r[name]["start"] == 4 and r[name]["seen"] == [size] * 4  # steps 5..8 only
+        _close(r[name]["weights"], oracle)
+
+
 def test_a_loss_not_weighted_by_the_plugin_is_refused(ranks):
     for r in ranks:
         assert "call plugin.backward(loss) in place of accelerator.backward(loss)" in r["unweighted"]

@@ -1,6 +1,6 @@
 """One rank of a bare-DDP run with periodic checkpoints, under torchrun (tests/test_checkpoint.py).
 
-argv: out_dir [--kill-rank R --kill-after S] [--crash-in-write S] [--steps N] [--every K]
+argv: out_dir [--kill-rank R --kill-after S] [--crash-in-write S] [--steps N] [--every K] [--fsdp]
 
 Top-K with error feedback on a 2-rank split [6, 10] (G = 16, 6 steps an epoch, shuffled); a
 scripted re-split to [10, 6] after step 5 stands in for a calibration decision, so the split
@@ -12,6 +12,10 @@ schedule is state a resume must bring back. On the first attempt only
 
 Each save dumps what it saved (``saved_{step}_rank{r}.pt``), a resume what it restored
 (``resumed_rank{r}.pt``), and the end the weights (``final_rank{r}.pt``).
+
+``--fsdp``: the model is FSDP2-sharded (fully_shard over the ranks, the summed reduce-scatter and
+the loss weighted b_r/G), without compression (FSDP2 has no comm hook); parameters, gradients and
+the momentum buffers are sharded, and the saved weights are the gathered whole ones.
 """
 
 import argparse
@@ -32,6 +36,7 @@ from oracle import make_data, make_net
 from hetero_strategy.config import HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer
+from hetero_strategy.runtime.fsdp import shard_model
 
 
 def main() -> None:
@@ -42,26 +47,32 @@ def main() -> None:
     p.add_argument("--kill-rank", type=int)
     p.add_argument("--kill-after", type=int)
     p.add_argument("--crash-in-write", type=int)
+    p.add_argument("--fsdp", action="store_true")
     args = p.parse_args()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = {2: [6, 10], 3: [4, 5, 6]}[world]  # G = 16, then 15 on 3 ranks
-    config = HeteroConfig.from_flat(batch_sizes=sizes, compression="topk", base_density=0.25, dense_warmup_steps=2, dense_fallback=False,
-                                    checkpoint_dir=str(args.out / "ckpt"), checkpoint_every_steps=args.every,
-                                    checkpoint_every_s=None)
+    codec = {} if args.fsdp else {"compression": "topk", "base_density": 0.25, "dense_warmup_steps": 2,
+                                  "dense_fallback": False}
+    config = HeteroConfig.from_flat(batch_sizes=sizes, **codec, checkpoint_dir=str(args.out / "ckpt"),
+                                    checkpoint_every_steps=args.every, checkpoint_every_s=None)
     net = make_net()
-    model = DistributedDataParallel(net)
     runtime = HeteroRuntime(config, rank, world)
     loader = runtime.train_loader(DataLoader(make_data(96), batch_size=sum(sizes) // world, shuffle=True), seed=0)
-    runtime.register_hook(model, max_steps=args.steps)
+    if args.fsdp:
+        model = net
+        runtime.register_sharded(shard_model(net))
+    else:
+        model = DistributedDataParallel(net)
+        runtime.register_hook(model, max_steps=args.steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = Checkpointer(runtime)
     resumed = ckpt.resume(model, opt)
     if resumed is not None:
         torch.save({"steps": resumed.steps, "epoch": resumed.epoch, "saved_world": resumed.world_size_saved,
                     "position": runtime.sampler.position, "split": runtime.sampler.batch_sizes,
-                    "state": runtime.state_dict(), "weights": [q.detach().clone() for q in net.parameters()]},
+                    "state": runtime.state_dict(), "weights": _whole(net), "momentum": _momentum(opt, net)},
                    args.out / f"resumed_rank{rank}.pt")
     if first_attempt and args.crash_in_write is not None and rank == 1:
         _crash_inside_write(ckpt, args.crash_in_write)
@@ -71,7 +82,7 @@ def main() -> None:
         for x, y in loader:
             runtime.batch_start()
             with runtime.phase("exchange"):
-                torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
+                runtime.scale_loss(torch.nn.functional.mse_loss(model(x).squeeze(1), y)).backward()
             runtime.backward_end()
             runtime.optimizer_step(opt)
             opt.zero_grad(set_to_none=True)
@@ -79,7 +90,7 @@ def main() -> None:
             if runtime.steps == 5:
                 runtime.sampler.set_batch_sizes(sizes[::-1], runtime.sampler.next_unyielded_step())
             if ckpt.step_end(model, opt):
-                torch.save({"state": runtime.state_dict(), "weights": [q.detach().clone() for q in net.parameters()]},
+                torch.save({"state": runtime.state_dict(), "weights": _whole(net)},
                            args.out / f"saved_{runtime.steps}_rank{rank}.pt")
             if first_attempt and rank == args.kill_rank and runtime.steps == args.kill_after:
                 _wait_until_committed(args.out / "ckpt", args.kill_after - args.kill_after % args.every)
@@ -88,10 +99,26 @@ def main() -> None:
                 break
         epoch += 1
     ckpt.close()
-    torch.save({"weights": [q.detach() for q in net.parameters()], "state": runtime.state_dict()},
+    torch.save({"weights": _whole(net), "state": runtime.state_dict(),
+                "momentum": _momentum(opt, net)},
                args.out / f"final_rank{rank}.pt")
     runtime.close()
     dist.destroy_process_group()
+
+
+def _whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def _whole(net: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter whole (FSDP2's shards gathered: collective)."""
+    return [_whole_tensor(q) for q in net.parameters()]
+
+
+def _momentum(opt: torch.optim.Optimizer, net: torch.nn.Module) -> list[torch.Tensor]:
+    return [_whole_tensor(opt.state[q]["momentum_buffer"]) for q in net.parameters()]
 
 
 def _wait_until_committed(directory: Path, step: int) -> None:

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, LossFn, train_loader
-from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase, wire_steps
+from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase, state_init_step, wire_steps
 from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
@@ -140,8 +140,7 @@ class HeteroPlugin:
         loader = train_loader(accelerator, runtime, objects[train_index], model, loss_fn)
         self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
         if fsdp_modules(ddp) and self._optimizers:  # the first optimizer checks once per step
-            self._optimizers[0].register_step_pre_hook(lambda *_: self.runtime.hook_state.require_weighed(
-                "call plugin.backward(loss) in place of accelerator.backward(loss)"))
+            self._optimizers[0].register_step_pre_hook(self._require_weighed)
         accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
@@ -164,6 +163,10 @@ class HeteroPlugin:
         if self.resumed is not None:
             loader.set_epoch(self.resumed.epoch)  # Accelerate's own epoch counter starts there
         loader.before_batch = self._save_if_due
+
+    def _require_weighed(self, optimizer: Any, *_: Any) -> None:
+        if not state_init_step(optimizer):
+            self.runtime.hook_state.require_weighed("call plugin.backward(loss) in place of accelerator.backward(loss)")
 
     def _save_if_due(self) -> None:
         # NOTE: saved when the next batch is handed out: the scheduler stepped and the step's

@@ -12,7 +12,7 @@ import torch
 from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
 
-__all__ = ["SaveStateHook", "in_phase", "wire_steps"]
+__all__ = ["SaveStateHook", "in_phase", "state_init_step", "wire_steps"]
 
 
 class SaveStateHook:
@@ -72,7 +72,7 @@ def wire_steps(prepared: list[Any], runtime: HeteroRuntime, after_step: Callable
     if optimizers:
         # The inner optimizer steps only when Accelerate syncs gradients: once per optimizer
         # step, after accumulation, and never on a step GradScaler skipped.
-        optimizers[0].optimizer.register_step_post_hook(lambda *_: after_step())
+        optimizers[0].optimizer.register_step_post_hook(lambda opt, *_: None if state_init_step(opt) else after_step())
     if runtime.hybrid is not None:  # local clipping, and the optimizers the phase change aligns
         for inner in inners:
             inner.register_step_pre_hook(lambda opt, *_: runtime.before_optimizer_step(opt))
@@ -86,11 +86,25 @@ def wire_steps(prepared: list[Any], runtime: HeteroRuntime, after_step: Callable
     return inners
 
 
+def state_init_step(optimizer: Any) -> bool:
+    """Whether this step is torch's state initialisation, not training: ``get_optimizer_state_dict``
+    (which Accelerate's FSDP2 ``save_state``/``load_state`` call) steps an optimizer that has no
+    state with every gradient zero and every lr set to 0. Not counted, gated or checked: hetero
+    would count a step no batch made, and refuse its unweighted loss."""
+    if optimizer.state or any(g.get("lr", 0) != 0 for g in optimizer.param_groups):
+        return False
+    # NOTE: the local shard of a DTensor gradient: bool() of a sharded one would be a collective
+    grads = [getattr(p.grad, "_local_tensor", p.grad) for g in optimizer.param_groups for p in g["params"]]
+    return all(grad is None or not grad.any() for grad in grads)
+
+
 def _gate_step(accelerated: Any, runtime: HeteroRuntime, after_step: Callable[[], None], counts: bool) -> None:
     inner = accelerated.optimizer
     real = inner.step  # NOTE: the bound step runs the post hook; a skipped step does not
 
     def step(*args: Any, **kwargs: Any) -> None:
+        if state_init_step(inner):
+            return real(*args, **kwargs)
         if counts:  # the first optimizer owns the scale update and the step count
             stepped = runtime.optimizer_step(inner, lambda: real(*args, **kwargs))
         else:  # the others follow the same reduced-gradient check, without moving the scale

@@ -7,7 +7,8 @@ Layout of ``checkpoint_dir``::
 
 A save is :func:`torch.distributed.checkpoint.async_save`: the state is copied to host memory
 in the step that saves, then a background thread writes it while training goes on. Model and
-optimizer are replicated, so DCP writes each tensor once, spread over the ranks. Each rank adds
+optimizer are replicated under DDP, so DCP writes each tensor once, spread over the ranks; under
+FSDP2 each rank writes its own shards of both, and a resume reshards them to its world. Each rank adds
 its own hetero state (residuals, split schedule and sampler position, calibrator, loss scale)
 under its own key, so nothing is gathered on rank 0. Once every rank's data is on disk, DCP's
 coordinator writes the metadata and rank 0 renames the directory. The rename is the commit
@@ -33,6 +34,8 @@ import torch.distributed.checkpoint as dcp
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.save_schedule import SaveSchedule
 from hetero_strategy.runtime.sharded_io import ShardedWriter, read_or_explain, remove_committed, sweep
+from hetero_strategy.runtime.sharded_optim import PREFIX as SHARD_PREFIX
+from hetero_strategy.runtime.sharded_optim import load_sharded_optimizers
 from hetero_strategy.runtime.snapshot import (
     RUN,
     dropped_message,
@@ -184,8 +187,11 @@ class Checkpointer:
         optimizers = optimizers_of(optimizer)
         _check_optimizers(path, optimizers, optim)  # before the model changes: a refusal touches nothing
         self.writer.load(path, {"model": module_of(model).state_dict()})  # in place, into the parameters
-        for opt, state in zip(optimizers, optim, strict=True):
-            opt.load_state_dict(state)
+        if any(k.startswith(SHARD_PREFIX) for k in small["saved_keys"]):  # FSDP2: resharded to this world
+            load_sharded_optimizers(lambda s: self.writer.load(path, s), small["saved_keys"], optimizers, optim)
+        else:
+            for opt, state in zip(optimizers, optim, strict=True):
+                opt.load_state_dict(state)
         for k, v in self.stateful.items():
             if small.get(f"extra.{k}") is not None:
                 v.load_state_dict(unblob(small[f"extra.{k}"]))
@@ -220,7 +226,7 @@ def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, 
         small.update({f"hetero.lost{r}": None for r in range(saved_world)})
     writer.load(path, small)
     small["run"] = run = read_or_explain(path, lambda: unblob(small[RUN]))
-    small["saved_world"] = saved_world
+    small["saved_world"], small["saved_keys"] = saved_world, saved
     writer.runtime.state.check_compatible(run["config"], f"checkpoint {path}")
     return small
 

@@ -3,7 +3,8 @@
 Keys of the DCP state dict:
 
 * ``model``: the module's tensors (replicated: DCP writes each once, spread over ranks);
-* ``optim``: the optimizers' ``state_dict()``s as one opaque blob, written by rank 0.
+* ``optim``: the optimizers' ``state_dict()``s as one opaque blob, written by rank 0; under
+  FSDP2 without their tensors, which are ``optim_shard.*`` keys (runtime/sharded_optim.py).
   NOTE: not torch's ``get_state_dict``: it runs ``optimizer.step()`` with lr=0 to create empty
   state, and an adapter that wraps ``step`` (the Accelerate plugin) would count that as a step;
 * ``hetero.run``: world size, steps, data position, schedule step, config (rank 0's);
@@ -33,6 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hetero_strategy.runtime.fsdp import fsdp_modules
+from hetero_strategy.runtime.sharded_optim import split_optimizer_states
+
 __all__ = ["RUN", "blob", "dropped_message", "hetero_snapshot", "module_of", "optimizers_of", "residual_size",
            "restore_rng", "run_record", "snapshot", "unblob"]
 
@@ -53,9 +57,15 @@ def optimizers_of(optimizer: Any) -> list[Any]:
 
 def snapshot(runtime: Any, model: Any, optimizer: Any, stateful: dict[str, Any]) -> dict[str, Any]:
     """The state dict one rank hands to DCP (host copies are DCP's staging, right after)."""
-    model_state = module_of(model).state_dict()
-    optim = blob([o.state_dict() for o in optimizers_of(optimizer)])
+    module = module_of(model)
+    model_state = module.state_dict()  # under FSDP2 DTensors: DCP writes each rank's shards
     state = {"model": model_state, **hetero_snapshot(runtime)}
+    if fsdp_modules(module):  # sharded optimizer state: its tensors under keys of their own
+        tensors, rests = split_optimizer_states(optimizers_of(optimizer))
+        state.update(tensors)
+        optim = blob(rests)
+    else:
+        optim = blob([o.state_dict() for o in optimizers_of(optimizer)])
     hybrid = getattr(runtime, "hybrid", None)
     if hybrid is not None:  # local phases: every rank's own optimizer, and the anchor as the model
         state["model"] = hybrid.anchor_state(model_state)
