@@ -169,14 +169,22 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
             codec[0]()
 
     comm_numel = numel if exchange.dense else 0
+    memory_device = device or torch.device("cpu")
+    limit = memory_limit_bytes(memory_device)
+    # NOTE: one allocation mode from the first timed step on (under a limit, training keeps it):
+    # steps in glibc's default mode leave large free chunks in the heap, which later steps reuse or
+    # not by layout, and the resident set then varied by an activation or two between processes
+    # (0.70-1.13 MB per sample on tests/test_memory_plan.py's model; 0.84 every time in this mode)
+    exact = exact_host_memory(memory_device, keep=limit is not None)
     try:
-        # Two warm-up rounds: the first steps at a new shape are slow (kernel selection, allocator
-        # growth) and would bias the fitted fixed cost.
-        fns = [lambda start, b=b: step(b, start) for b, _ in batches]
-        seconds = measure_step_seconds(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device)
-        points = [(n, t) for (_, n), t in zip(batches, seconds)]
-        cost = fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
-        return replace(cost, memory=_step_memory(step, batches, device))
+        with exact:
+            # Two warm-up rounds: the first steps at a new shape are slow (kernel selection, allocator
+            # growth) and would bias the fitted fixed cost.
+            fns = [lambda start, b=b: step(b, start) for b, _ in batches]
+            seconds = measure_step_seconds(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device)
+            points = [(n, t) for (_, n), t in zip(batches, seconds)]
+            cost = fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
+            return replace(cost, memory=_step_memory(step, batches, memory_device, limit))
     finally:
         module.train(was_training)
         with torch.no_grad():
@@ -190,22 +198,20 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
 
 
 def _step_memory(step: Callable[[Any, Callable[[], None]], None], batches: list[tuple[Any, int]],
-                 device: torch.device | None, repeats: int = 3) -> MemoryCost:
+                 device: torch.device, limit: float | None, repeats: int = 3) -> MemoryCost:
     """``repeats`` more steps at each batch size, smallest first, under PeakMemory (the same on every
     rank: the step's collectives, e.g. FSDP's, are joined alike); one on CUDA, where it is exact."""
-    device = device or torch.device("cpu")
     repeats = 1 if device.type == "cuda" else repeats
     growth: dict[int, list[float]] = {}
-    start, limit = 0.0, memory_limit_bytes(device)
-    with exact_host_memory(device, keep=limit is not None):  # under a limit, training allocates as measured
-        for _ in range(repeats):
-            for batch, n in sorted(batches, key=lambda bn: bn[1]):
-                with PeakMemory(device) as peak:
-                    step(batch, lambda: None)
-                # each step's growth over what was in use before it (the median of the repeats),
-                # and the largest such base
-                growth.setdefault(n, []).append(peak.bytes - peak.start)
-                start = max(start, peak.start)
+    start = 0.0
+    for _ in range(repeats):
+        for batch, n in sorted(batches, key=lambda bn: bn[1]):
+            with PeakMemory(device) as peak:
+                step(batch, lambda: None)
+            # each step's growth over what was in use before it (the median of the repeats),
+            # and the largest such base
+            growth.setdefault(n, []).append(peak.bytes - peak.start)
+            start = max(start, peak.start)
     fit = fit_memory([(n, sorted(g)[len(g) // 2]) for n, g in growth.items()], limit)
     return replace(fit, fixed_bytes=start + fit.fixed_bytes)
 
