@@ -34,6 +34,10 @@ def test_caps_per_rank_take_the_global_batch_where_a_limit_is_unknown():
     free = StepCost(10.0, 0.0, MemoryCost(300 * MB, 7 * MB, None))
     assert memory_caps([free, limited], BalanceConfig(), 128) == [128, 85]
     assert memory_caps([free, free], BalanceConfig(), 128) is None
+    full = StepCost(10.0, 0.0, MemoryCost(897 * MB, 7 * MB, 1000 * MB))  # 900 MB less 897 leaves 3 MB
+    with pytest.raises(ConfigError, match=r"rank 1: not one sample fits .*897.0 MB .*7.0 MB per sample .*1000 MB "
+                                          r"less memory_margin=0.1\. Shard the model"):
+        memory_caps([free, full], BalanceConfig(), 128)
     with pytest.raises(ConfigError, match=r"memory_margin=1.0 is invalid"):
         BalanceConfig(memory_margin=1.0)
 

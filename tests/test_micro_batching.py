@@ -29,6 +29,14 @@ def test_a_batch_is_cut_along_its_first_dimension_wherever_it_nests():
     assert first["ids"] == ["a", "b", "c"] and second["ids"] == ["d", "e"] and second["n"] == 5
 
 
+def test_a_batch_with_nothing_of_the_shares_length_is_refused_not_run_whole_in_every_pass():
+    # a share of 5 as passes [3, 2], but the collate put the samples along dim 1
+    with pytest.raises(ValueError, match=r"share of 5 samples runs as passes of \[3, 2\].*\{'x': tensor\[2, 5\]\}\) "
+                                         r"has 5 items along dim 0"):
+        split_batch_tree({"x": torch.zeros(2, 5)}, [3, 2])
+    assert len(split_batch_tree({"x": torch.zeros(2, 5)}, [5])) == 1  # one pass: the batch as it is
+
+
 class _NoBatchIdx(Regressor):
     """A training_step without batch_idx: Lightning then passes the batch alone."""
 

@@ -53,11 +53,12 @@ class MemoryCost:
         return self.fixed_bytes + self.per_sample_bytes * batch
 
     def cap(self, margin: float) -> int | None:
-        """The largest pass (samples) within the limit less ``margin`` of it; None without a limit or growth."""
+        """The largest pass (samples) within the limit less ``margin`` of it (0: not even one sample
+        fits); None without a limit or growth."""
         if self.limit_bytes is None or self.per_sample_bytes <= 0:
             return None
         room = self.limit_bytes * (1 - margin) - self.fixed_bytes
-        return max(1, int(room // self.per_sample_bytes))
+        return max(0, int(room // self.per_sample_bytes))
 
 
 def fit_memory(points: list[tuple[int, float]], limit_bytes: float | None) -> MemoryCost:

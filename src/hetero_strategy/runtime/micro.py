@@ -46,21 +46,42 @@ def split_batch_tree(batch: Any, sizes: list[int]) -> list[Any]:
     lists, named tuples and mappings is sliced; anything else (a scalar, a shorter tensor) is shared."""
     total = sum(sizes)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    found = []
 
     def cut(node: Any, i: int) -> Any:
         if isinstance(node, torch.Tensor):
-            return node[starts[i]:starts[i] + sizes[i]] if node.dim() and node.shape[0] == total else node
+            if node.dim() and node.shape[0] == total:
+                found.append(node)
+                return node[starts[i]:starts[i] + sizes[i]]
+            return node
         if isinstance(node, Mapping):
             return type(node)({k: cut(v, i) for k, v in node.items()})
         if isinstance(node, tuple) and hasattr(node, "_fields"):  # a named tuple
             return type(node)(*(cut(v, i) for v in node))
         if isinstance(node, (list, tuple)):
             if len(node) == total and not any(isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in node):
+                found.append(node)
                 return type(node)(node[starts[i]:starts[i] + sizes[i]])  # a list of per-sample items
             return type(node)(cut(v, i) for v in node)
         return node
 
-    return [cut(batch, i) for i in range(len(sizes))]
+    passes = [cut(batch, i) for i in range(len(sizes))]
+    if len(sizes) > 1 and not found:  # every pass would run the whole batch: the share counted len(sizes) times
+        raise ValueError(
+            f"hetero: this rank's share of {total} samples runs as passes of {sizes} (its max_batch_sizes cap), "
+            f"but nothing in the batch ({_shape(batch)}) has {total} items along dim 0. Give the loader's batch "
+            "its samples along dim 0 (tensors, or lists of per-sample items), or raise the rank's cap to its share")
+    return passes
+
+
+def _shape(node: Any) -> str:
+    if isinstance(node, torch.Tensor):
+        return f"tensor{list(node.shape)}"
+    if isinstance(node, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_shape(v)}" for k, v in node.items()) + "}"
+    if isinstance(node, (list, tuple)):
+        return type(node).__name__ + "(" + ", ".join(_shape(v) for v in list(node)[:4]) + (", ..." if len(node) > 4 else "") + ")"
+    return type(node).__name__
 
 
 @contextlib.contextmanager

@@ -99,6 +99,14 @@ def memory_caps(costs: list[StepCost], cfg: BalanceConfig, global_batch: int) ->
     if not costs or all(c.memory is None or c.memory.limit_bytes is None for c in costs):
         return None
     caps = [c.memory.cap(cfg.memory_margin) if c.memory is not None else None for c in costs]
+    for rank, (cap, cost) in enumerate(zip(caps, costs)):
+        if cap == 0:
+            fixed, per_sample, limit = _mb(cost.memory)
+            raise ConfigError(
+                f"rank {rank}: not one sample fits its memory: {fixed} MB of parameters, gradients and state "
+                f"plus {per_sample} MB per sample against a limit of {limit} MB less memory_margin="
+                f"{cfg.memory_margin}. Shard the model (strategy='hetero_fsdp', or FSDP2 under Accelerate), "
+                "lower memory_margin, or raise the rank's memory limit")
     return [min(global_batch, cap) if cap is not None else global_batch for cap in caps]
 
 
