@@ -150,17 +150,23 @@ class ShardedReduction:
         FSDP2's exchange is its own."""
 
         def run(batches: Any, exchange: Any) -> Any:
+            # the root settles its own resharding now (at its first forward it would, inside the probe)
+            self.modules[0]._get_fsdp_state()._lazy_init()
+            after_forward = [_reshards_after_forward(module) for module in self.modules]
             for module in self.modules:
                 module.set_requires_gradient_sync(False, recurse=False)
                 module.set_reshard_after_backward(False, recurse=False)
+                # NOTE: else each unit reshards after its forward and all-gathers again in backward
+                module.set_reshard_after_forward(False, recurse=False)
             for module in self.modules:
                 module.unshard()
             try:
                 return measure(batches, replace(exchange, dense=False))
             finally:
-                for module in self.modules:
+                for module, mesh_info in zip(self.modules, after_forward):
                     module.set_requires_gradient_sync(True, recurse=False)
                     module.set_reshard_after_backward(True, recurse=False)
+                    _set_reshards_after_forward(module, mesh_info)
                     _drop_accumulated_grads(module)
                     module.reshard()
 
@@ -183,6 +189,19 @@ class ShardedReduction:
         if not self.weighed:
             raise RuntimeError(f"under FSDP2 this step's loss was not weighted by the rank's share b_r/G: {fix}")
         self.weighed = False
+
+
+def _reshards_after_forward(module: Any) -> Any:
+    # NOTE: FSDP2 has a setter but no getter (torch 2.14): the parameter group's post-forward mesh
+    # (None: kept gathered after forward) is the flag, and may be a smaller mesh than the module's
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return None if group is None else group.post_forward_mesh_info
+
+
+def _set_reshards_after_forward(module: Any, mesh_info: Any) -> None:
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    if group is not None:
+        group.post_forward_mesh_info = mesh_info
 
 
 def _drop_accumulated_grads(module: Any) -> None:
