@@ -11,10 +11,14 @@ DDP's gradient buckets are not in it, see docs/fsdp.md.) With the device's limit
 * **CUDA**: ``torch.cuda.max_memory_allocated`` after a reset of the peak statistics, against the
   device's total memory. Exact for tensors; the caching allocator's fragmentation and the CUDA
   context (a few hundred MB) are outside it, which the margin covers.
-* **CPU**: the kernel's high-water mark of the process's resident set (``VmHWM``, reset through
-  ``/proc/self/clear_refs`` after freed heap memory went back to the system with ``malloc_trim``;
-  sampled every half millisecond where that is unavailable), against the cgroup memory limit
-  when one is set (no limit: no cap). glibc keeps freed memory and would blur the line, so the
+* **CPU**, under a cgroup memory limit that the process can see: the kernel's own charge of the
+  cgroup (its usage, and its peak reset at the step's start: v1 ``memory.max_usage_in_bytes``, v2
+  ``memory.peak``), the accounting the kernel kills the process by. Else (no limit: no cap; a
+  limit from ``$HETERO_MEMORY_LIMIT``, or a peak it may not reset) the kernel's high-water mark
+  of the process's resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; sampled
+  every half millisecond where that is unavailable), which errs high: it counts the shared
+  libraries' pages, which a cgroup charges only to whoever read them first. Both after freed heap memory went back to the
+  system with ``malloc_trim``. glibc keeps freed memory and would blur the line, so the
   probe runs with every large allocation its own mapping (:func:`exact_host_memory`), and under
   a cgroup limit the process stays so, so that training uses what was measured. Approximate:
   the resident set also holds the interpreter and the libraries (all in the fixed part).
@@ -76,17 +80,59 @@ def memory_limit_bytes(device: torch.device) -> float | None:
         return float(os.environ[MEMORY_LIMIT_ENV])
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
+    group = _memory_cgroup()
+    if group is None:
+        return None
+    value = _read(group[0] / ("memory.limit_in_bytes" if group[1] == 1 else "memory.max")).strip()
+    return float(value) if value.isdigit() and int(value) < (1 << 60) else None  # v1: "none" is a huge number
+
+
+def _memory_cgroup() -> tuple[Path, int] | None:
+    """(directory, cgroup version) of this process's memory cgroup, where it is visible."""
     for line in _read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: one unified hierarchy
-            value = _read(_CGROUP / path.lstrip("/") / "memory.max").strip()
-        elif "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
-            value = _read(_CGROUP / "memory" / path.lstrip("/") / "memory.limit_in_bytes").strip()
+        if "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            group = (_CGROUP / "memory" / path.lstrip("/"), 1)
+        elif controllers == "":  # v2: one unified hierarchy
+            group = (_CGROUP / path.lstrip("/"), 2)
         else:
             continue
-        if value.isdigit() and int(value) < (1 << 60):  # v1 says "no limit" with a huge number
-            return float(value)
+        if group[0].is_dir():
+            return group
     return None
+
+
+class _CgroupPeak:
+    """The kernel's charge of this process's memory cgroup: usage now and the peak since :meth:`open`
+    reset it (v1 ``memory.max_usage_in_bytes``; v2 ``memory.peak`` through one file descriptor,
+    Linux >= 6.12). ``open`` gives None where the peak cannot be reset (no write access, older v2)."""
+
+    def __init__(self, start: float, read_peak: Any, close: Any) -> None:
+        self.start, self.read_peak, self.close = start, read_peak, close
+
+    @classmethod
+    def open(cls) -> _CgroupPeak | None:
+        group = _memory_cgroup()
+        if group is None:
+            return None
+        path, version = group
+        if len(_read(path / "cgroup.procs").split()) != 1:  # shared (a container's, a session's): others' memory too
+            return None
+        try:
+            if version == 1:
+                start = float(_read(path / "memory.usage_in_bytes"))
+                (path / "memory.max_usage_in_bytes").write_text("0")  # the peak starts again from now
+                return cls(start, lambda: float(_read(path / "memory.max_usage_in_bytes")), lambda: None)
+            fd = os.open(path / "memory.peak", os.O_RDWR)
+        except (OSError, ValueError):
+            return None
+        try:  # v2: a write resets the peak that this descriptor reads
+            start = float(_read(path / "memory.current"))
+            os.write(fd, b"reset\n")
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+        return cls(start, lambda: float(os.pread(fd, 64, 0)), lambda: os.close(fd))
 
 
 class PeakMemory:
@@ -100,6 +146,7 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
         self._hwm = False
         self._total = self._sampled = 0.0
+        self._cgroup: _CgroupPeak | None = None
 
     def __enter__(self) -> Self:
         if self.device.type == "cuda":
@@ -108,6 +155,12 @@ class PeakMemory:
             self.start = float(torch.cuda.memory_allocated(self.device))
             return self
         _trim()
+        # NOTE: only under a limit: without one the group may be shared (a container, a session), and
+        # other processes' memory would blur this step's growth
+        self._cgroup = _CgroupPeak.open() if memory_limit_bytes(self.device) is not None else None
+        if self._cgroup is not None:  # the limit's own accounting: what the kernel kills at
+            self.bytes = self.start = self._cgroup.start
+            return self
         # NOTE: the whole resident set, shared libraries included: a memory cgroup charges this
         # process between its anonymous part and that (a library's pages go to whoever read them
         # first), so the caps err on the safe side
@@ -122,6 +175,13 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.bytes = float(torch.cuda.max_memory_allocated(self.device))
+            return
+        if self._cgroup is not None:
+            try:
+                self.bytes = max(self.start, self._cgroup.read_peak())
+            finally:
+                self._cgroup.close()
+                self._cgroup = None
             return
         self._stop.set()
         if self._thread is not None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 
@@ -159,7 +160,7 @@ class EmulatedCluster:
         memory = self.memory_cgroups[rank] if self.memory_cgroups else None
         env.pop(MEMORY_LIMIT_ENV, None)
         if memory is not None and memory.limit_bytes is not None:
-            # NOTE: `ip netns exec` mounts a fresh /sys, where the rank cannot read its cgroup's limit
+            # NOTE: for a rank that cannot see its cgroup (started by `ip netns exec`, see _argv)
             env[MEMORY_LIMIT_ENV] = str(memory.limit_bytes)
         tier = self.spec.tier(rank)
         if tier is not None and "HETERO_TIER" not in os.environ:
@@ -210,7 +211,14 @@ class EmulatedCluster:
             raise EmulatorError(f"`{' '.join(argv)}` on rank {rank} did not finish within {timeout:.0f} s") from e
 
     def _argv(self, rank: int, argv: list[str]) -> list[str]:
-        return argv if self.spec.simulate else ["ip", "netns", "exec", self.nets[rank].netns, *argv]
+        if self.spec.simulate:
+            return argv
+        if shutil.which("nsenter") is None:  # util-linux missing: the rank gets its limit from the env
+            return ["ip", "netns", "exec", self.nets[rank].netns, *argv]
+        # NOTE: only the network namespace. `ip netns exec` also mounts a fresh /sys, which hides
+        # /sys/fs/cgroup: the rank could not read its memory cgroup's usage and peak, in which the
+        # kernel charges it and kills it (balance/memory.py measures the probe there)
+        return ["nsenter", f"--net={netns.NETNS_DIR}/{self.nets[rank].netns}", "--", *argv]
 
     def _preexec(self, rank: int):
         cgroup = None if self.spec.simulate else self.cgroups[rank]

@@ -151,7 +151,7 @@ _PRCTL = _resolve_prctl()  # NOTE: looked up here, in the parent: no dlopen betw
 def die_with_parent() -> None:
     """PR_SET_PDEATHSIG: the kernel SIGKILLs this process when its launcher dies, even by SIGKILL.
 
-    For a preexec_fn. It survives the exec of ``ip netns exec`` and of the rank (neither is
+    For a preexec_fn. It survives the exec of ``nsenter`` (or ``ip netns exec``) and of the rank (neither is
     set-uid); it covers the launcher's direct children only, not their own children.
     """
     if _PRCTL is not None:

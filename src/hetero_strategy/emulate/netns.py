@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hetero_strategy.emulate.system import kill_pids, sh
 
 __all__ = [
+    "NETNS_DIR",
     "PREFIX",
     "RANK_IFNAME",
     "SINK_ADDR",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 PREFIX = "hsem-"
+NETNS_DIR = "/var/run/netns"  # where `ip netns add` binds a namespace (iproute2's NETNS_RUN_DIR)
 RANK_IFNAME = "veth0"
 SINK_ADDR = "10.77.0.254"
 _SUBNET = "10.77.0"

@@ -126,9 +126,14 @@ class MemoryCgroup:
             (self.path / "memory.max").write_text(value)
 
     def reset_peak(self) -> None:
-        """Start the peak again from the current usage (v1; v2 from Linux 6.12); no-op where unsupported."""
+        """Start the peak again from the current usage (v1; v2 from Linux 6.12); no-op where unsupported.
+
+        NOTE: an empty v1 group first drops the page cache its last processes left charged to it
+        (``memory.force_empty``): the next one would start with it in its usage, and its peak too."""
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
         try:
+            if self.version == 1 and not read_pids(self.path):
+                (self.path / "memory.force_empty").write_text("0")
             (self.path / name).write_text("0")
         except OSError:
             pass
