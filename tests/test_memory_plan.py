@@ -42,6 +42,33 @@ def test_caps_per_rank_take_the_global_batch_where_a_limit_is_unknown():
         BalanceConfig(memory_margin=1.0)
 
 
+@pytest.mark.parametrize("limit, calls", [
+    (None, [[128, 64]]),  # no limit known: the probe goes straight to B and B/2
+    (1000 * MB, [[32, 16], [85, 64]]),  # first B/4 and B/8; then the largest pass that fits (85), and B/2
+])
+def test_under_a_memory_limit_the_probes_own_steps_fit_it(monkeypatch, limit, calls):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hetero_strategy.balance.memory import MEMORY_LIMIT_ENV
+    from hetero_strategy.balance.probe import StepCost
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.runtime.planner import _probe
+
+    monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
+    if limit is not None:
+        monkeypatch.setenv(MEMORY_LIMIT_ENV, str(limit))
+    seen = []
+
+    def measure(batches, exchange):  # hand numbers: 300 MB fixed, 7 MB a sample, as a rank would measure
+        seen.append([n for _, n in batches])
+        assert all(len(b[0]) == n for b, n in batches)
+        return StepCost(10.0, 0.0, MemoryCost(300 * MB, 7 * MB, limit))
+
+    loader = DataLoader(TensorDataset(torch.zeros(500, 2)), batch_size=128)
+    _probe(HeteroConfig(), loader, 128, measure)
+    assert seen == calls
+
+
 def test_peak_memory_sees_a_step_that_allocates_and_frees():
     with PeakMemory(torch.device("cpu")) as peak:
         start = peak.bytes

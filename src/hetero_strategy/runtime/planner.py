@@ -18,13 +18,15 @@ model at B and B/2, the hetero sampler, and the online balancer when ``calibrate
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import torch
 from torch.utils.data import DataLoader
 
 from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, split_batch_timed
-from hetero_strategy.balance.memory import MemoryCost
+from hetero_strategy.balance.memory import MemoryCost, memory_limit_bytes
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
 from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError, HeteroConfig
@@ -117,12 +119,30 @@ def _mb(memory: Any) -> tuple[float, ...]:
     return round(memory.fixed_bytes / 2**20, 1), round(memory.per_sample_bytes / 2**20, 3), round(limit)
 
 
+def _fitting_pass(config: HeteroConfig, loader: DataLoader, batch: int, measure: Measure) -> float:
+    """The largest pass every rank's memory holds, from a first probe at B/8 and B/4 (inf: no limit known).
+
+    NOTE: a rank under a cgroup limit is killed, not told, when a step exceeds it, so the probe's
+    own steps at B and B/2 must fit first; on CUDA they would fail the probe just the same."""
+    limited = memory_limit_bytes(torch.device("cpu")) is not None or torch.cuda.is_initialized()
+    if batch < 8 or not any(flag for (flag,) in all_gather_floats([float(limited)])):
+        return math.inf
+    cost = measure([(probe_batch(loader, n), n) for n in sorted({batch // 4, batch // 8}, reverse=True)],
+                   probe_exchange(config.compression))
+    cap = None if cost is None or cost.memory is None else cost.memory.cap(config.balance.memory_margin)
+    fits = min(c for (c,) in all_gather_floats([math.inf if cap is None else float(cap)]))
+    return max(1.0, fits)
+
+
 def _probe(config: HeteroConfig, loader: DataLoader, batch: int, measure: Measure) -> StepCost | None:
     # B and B/2, counted as the probe batches really hold them (the data may be shorter than B);
     # a single size when they coincide, so no size is timed twice.
     # Within every rank's per-pass cap (the same counts on every rank: the probe is collective).
     size = min([len(loader.dataset), *(config.balance.max_batch_sizes or [])])
-    counts = sorted({min(batch, size), min(max(1, batch // 2), size)}, reverse=True)
+    if config.balance.max_batch_sizes is None:
+        size = int(min(size, _fitting_pass(config, loader, batch, measure)))
+    first, second = min(batch, size), min(max(1, batch // 2), size)
+    counts = sorted({first, second if second < first else max(1, first // 2)}, reverse=True)
     return measure([(probe_batch(loader, n), n) for n in counts], probe_exchange(config.compression))
 
 
