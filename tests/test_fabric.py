@@ -79,7 +79,26 @@ def _exact(rank, world_size):
     probed.setup_dataloaders(DataLoader(make_data(N), batch_size=B, shuffle=True))
     out["probed_sizes"] = list(probed.strategy.sampler.batch_sizes)
     probed.strategy.teardown()
+    out["accumulated"] = _accumulate()
     return out
+
+
+def _accumulate():
+    """Two micro-batches per optimizer step through fabric.no_backward_sync, as Fabric's docs loop it."""
+    from torch.utils.data import DataLoader
+
+    fabric = _fabric(batch_sizes=[3, 13])
+    net = make_net()
+    model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    loader = fabric.setup_dataloaders(DataLoader(make_data(128), batch_size=B, shuffle=True))  # 8 full batches
+    for i, (x, y) in enumerate(loader):
+        with fabric.no_backward_sync(model, enabled=i % 2 == 0):
+            fabric.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y) / 2)
+        if i % 2 == 1:
+            optimizer.step()
+            optimizer.zero_grad()
+    fabric.strategy.teardown()
+    return [p.detach().clone() for p in model.parameters()]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +114,13 @@ def test_a_whole_epoch_equals_one_process(exact):
     assert max(errors) <= 1e-5, errors
     for a, b in zip(exact[0]["weights"], exact[1]["weights"], strict=True):
         assert torch.equal(a, b)  # ranks identical
+
+
+def test_gradient_accumulation_through_no_backward_sync_equals_one_process(exact):
+    oracle = one_process_sgd(make_data(128), B * 2, STEPS // 2, shuffle=True, accumulate=2)
+    for rank in range(2):
+        for got, want in zip(exact[rank]["accumulated"], oracle.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_each_rank_takes_its_share_of_every_global_batch(exact):
@@ -144,6 +170,69 @@ def test_killed_after_step_5_and_resumed_ends_bitwise_equal(tmp_path):
         assert sorted(got["residuals"]) == sorted(want["residuals"]) and want["residuals"]
         for key, residual in want["residuals"].items():
             assert torch.equal(got["residuals"][key], residual)
+
+
+def _precision(rank, world_size):
+    out = _run({"batch_sizes": [3, 13], "precision_policy": ["fp16", "fp32"], "init_scale": 256.0})
+    fabric = out.pop("fabric")
+    rp = fabric.strategy.runtime.precision
+    out.update(dtype=rp.dtype, history=list(rp.scaler.history))
+    fabric.strategy.teardown()
+    return out
+
+
+def test_precision_policy_fp16_beside_fp32_keeps_ranks_in_sync():
+    ranks = run_distributed(_precision, 2, timeout=240)
+    assert [r["dtype"] for r in ranks] == ["fp16", "fp32"]
+    # every step went through the coordinated step; only the fp16 rank scales its loss (no overflow at 256)
+    assert ranks[0]["history"] == [256.0] * STEPS and ranks[1]["history"] == [1.0] * STEPS
+    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"], strict=True):
+        assert torch.equal(a, b)
+    oracle = one_process_sgd(make_data(N), B * 2, STEPS, shuffle=True)
+    for got, want in zip(ranks[0]["weights"], oracle.parameters(), strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=2e-2, atol=2e-2)
+
+
+STALL_S = 2.0
+
+
+def _stall(rank, world_size):
+    import os
+    import signal
+    import time
+
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from hetero_strategy.runtime import StallError
+
+    fabric = _fabric(batch_sizes=[3, 13], stall_timeout_s=STALL_S)
+    pids = [None] * world_size
+    dist.all_gather_object(pids, os.getpid())
+    net = make_net()
+    model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    loader = fabric.setup_dataloaders(DataLoader(make_data(N), batch_size=B))
+    out = {}
+    try:
+        for step, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            if rank == 1 and step == 2:
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen for good: rank 0 kills it below
+            started = time.monotonic()
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    except StallError as e:
+        out.update(error=str(e), waited=time.monotonic() - started)
+    os.kill(pids[1], signal.SIGKILL)  # no process left behind
+    fabric.strategy.teardown()
+    return out
+
+
+def test_a_frozen_peer_in_backward_is_a_stall_error_within_the_bound():
+    survivor, _ = run_distributed(_stall, 2, timeout=120, may_die=(1,))
+    assert "rank 1" in survivor["error"] and "exchange of step 2" in survivor["error"], survivor["error"]
+    assert survivor["waited"] < STALL_S + 10, survivor
 
 
 @pytest.mark.parametrize(("keywords", "words"), [
