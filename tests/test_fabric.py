@@ -72,6 +72,7 @@ def _exact(rank, world_size):
     out["val_sampler"] = type(val.sampler).__name__
     out["val_samples"] = len(val.sampler) if isinstance(val.sampler, DistributedSampler) else None
     out["ddp_hook"] = type(fabric.strategy.hook_state).__name__
+    out["metrics"] = fabric.strategy.metrics()  # collective, on both ranks here
     fabric.strategy.teardown()
     probed = _fabric(probe_steps=1)  # no sizes: the start-up probe times the model on every rank
     net = make_net()
@@ -127,6 +128,11 @@ def test_each_rank_takes_its_share_of_every_global_batch(exact):
     assert exact[0]["seen"][:7] == [3] * 7 and exact[1]["seen"][:7] == [13] * 7
     assert exact[0]["seen"][7] + exact[1]["seen"][7] == N - 7 * 2 * B  # the short last batch, split 3:13
     assert exact[0]["ddp_hook"] == "WeightedReduceState"
+    for rank in range(2):  # the last step was the short one: 8 samples split 3:13
+        metrics = exact[rank]["metrics"]
+        assert [metrics["hetero/batch_size_r0"], metrics["hetero/batch_size_r1"]] == [exact[0]["seen"][7],
+                                                                                      exact[1]["seen"][7]]
+        assert 0 <= metrics["hetero/balance"] <= 1
 
 
 def test_later_loaders_keep_fabrics_distributed_sampler(exact):
@@ -178,11 +184,19 @@ def _precision(rank, world_size):
     rp = fabric.strategy.runtime.precision
     out.update(dtype=rp.dtype, history=list(rp.scaler.history))
     fabric.strategy.teardown()
+    tiered = _run({"batch_sizes": [3, 13], "compression": "tiered", "tiers": ["ib", "eth1g"], "dense_fallback": False})
+    state = tiered.pop("fabric").strategy.hook_state
+    out["tiered"] = {"tiers": list(state.tiers), "weights": tiered["weights"], "bytes": state.total_bytes_sent}
     return out
 
 
-def test_precision_policy_fp16_beside_fp32_keeps_ranks_in_sync():
-    ranks = run_distributed(_precision, 2, timeout=240)
+@pytest.fixture(scope="module")
+def precision_runs():
+    return run_distributed(_precision, 2, timeout=240)
+
+
+def test_precision_policy_fp16_beside_fp32_keeps_ranks_in_sync(precision_runs):
+    ranks = precision_runs
     assert [r["dtype"] for r in ranks] == ["fp16", "fp32"]
     # every step went through the coordinated step; only the fp16 rank scales its loss (no overflow at 256)
     assert ranks[0]["history"] == [256.0] * STEPS and ranks[1]["history"] == [1.0] * STEPS
@@ -191,6 +205,14 @@ def test_precision_policy_fp16_beside_fp32_keeps_ranks_in_sync():
     oracle = one_process_sgd(make_data(N), B * 2, STEPS, shuffle=True)
     for got, want in zip(ranks[0]["weights"], oracle.parameters(), strict=True):
         torch.testing.assert_close(got, want.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_tiered_compression_rides_on_the_fabric_ddp_module(precision_runs):
+    ranks = [r["tiered"] for r in precision_runs]
+    assert ranks[0]["tiers"] == ranks[1]["tiers"] == ["ib", "eth1g"]
+    assert ranks[0]["bytes"] > 0
+    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"], strict=True):
+        assert torch.equal(a, b)
 
 
 STALL_S = 2.0
