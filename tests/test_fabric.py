@@ -3,7 +3,7 @@
 Two CPU gloo ranks with batch sizes 3 and 13 (B = 8, G = 16); the oracle is the plain one-process loop
 of tests/oracle.py, shuffled as one DataLoader would be (semantics 1-3). Resume: a run killed with
 SIGKILL after the checkpoint of step 5 of 8 goes on from that fabric.save file and must end bitwise
-where the uninterrupted run ends, Top-K residuals and momentum included.
+where the uninterrupted run ends, Top-K residuals, momentum and the calibrator's rows included.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def test_without_sizes_the_probe_plans_the_split_alike_on_every_rank(exact):
 
 
 def _resume(rank, world_size, save_dir, phase):
-    hetero = {"batch_sizes": [3, 13], **TOPK}
+    # the calibrator keeps each step's row from step 2 on (its first decision would come at step 51)
+    hetero = {"batch_sizes": [3, 13], "calibrate": True, "cold_start_steps": 2, **TOPK}
     if phase == "whole":
         out = _run(hetero, momentum=0.9)
     elif phase == "killed":
@@ -176,6 +177,8 @@ def test_killed_after_step_5_and_resumed_ends_bitwise_equal(tmp_path):
         assert sorted(got["residuals"]) == sorted(want["residuals"]) and want["residuals"]
         for key, residual in want["residuals"].items():
             assert torch.equal(got["residuals"][key], residual)
+        rows = [[row[0] for row in r["hetero"]["balancer"]["pending"]] for r in (whole[rank], resumed[rank])]
+        assert rows[0] == list(range(2, STEPS)) and rows[1] == rows[0]  # 2-4 from the checkpoint, 5-7 after it
 
 
 def _precision(rank, world_size):
