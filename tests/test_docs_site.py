@@ -76,6 +76,17 @@ def test_accelerate_quickstart_runs_as_printed(tmp_path):
     assert re.search(r"rank 0: batch sizes \[48, 16\]", log) and re.search(r"rank 1: batch sizes \[48, 16\]", log)
 
 
+@pytest.mark.slow
+def test_fabric_page_runs_as_printed(tmp_path):
+    (tmp_path / "train_fabric.py").write_text(_code("fabric.md"))
+    env = launch_env()
+    rc, log = run_command([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", env["MASTER_PORT"],
+                           "train_fabric.py"], env=env, cwd=tmp_path, timeout=180)
+    assert rc == 0, log[-4000:]
+    assert re.search(r"rank 0: batch sizes \[3, 13\]", log) and re.search(r"rank 1: batch sizes \[3, 13\]", log)
+    assert (tmp_path / "last.ckpt").is_file()
+
+
 def _chromium(*args: str) -> str:
     proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                            "--hide-scrollbars", "--window-size=1280,1000", *args],

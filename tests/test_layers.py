@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"balance", "precision"},  # the probe times the hooks' codec work (hooks.cost)
     {"hybrid"},
     {"runtime"},
-    {"lightning", "accelerate"},
+    {"lightning", "accelerate", "fabric"},
     {"wizard", "emulate"},
     {"commands"},
     {"cli", "_registration"},

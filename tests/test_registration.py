@@ -1,5 +1,5 @@
 """`import hetero_strategy` registers strategy="hetero" lazily: Lightning is not imported by it, yet
-`Trainer(strategy="hetero")` works whichever of the two is imported first."""
+`Trainer(strategy="hetero")` and `Fabric(strategy="hetero")` work whichever is imported first."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ assert not {lazy} or "lightning" not in sys.modules, "import hetero_strategy imp
 import lightning as L
 from lightning.pytorch.strategies import StrategyRegistry
 assert {{"hetero", "hetero_topk", "hetero_topk_allreduce", "hetero_auto", "hetero_tiered", "hetero_spawn"}} <= set(StrategyRegistry), list(StrategyRegistry)
+from lightning.fabric.strategies import STRATEGY_REGISTRY
+assert {{"hetero", "hetero_topk", "hetero_tiered", "hetero_spawn"}} <= set(STRATEGY_REGISTRY), list(STRATEGY_REGISTRY)
+fabric = L.Fabric(strategy="hetero_topk", accelerator="cpu", devices=1)
+assert type(fabric.strategy).__name__ == "HeteroFabricStrategy", type(fabric.strategy)
+assert fabric.strategy.hetero_config.compression.method == "topk"
 trainer = L.Trainer(strategy="hetero", accelerator="cpu", devices=1, logger=False)
 print(type(trainer.strategy).__name__)
 """
@@ -23,6 +28,8 @@ _ORDERS = [
     ("import hetero_strategy", "import lightning", True),          # isort's order: h before l
     ("import lightning", "import hetero_strategy", False),
     ("from hetero_strategy import HeteroStrategy", "pass", False),  # the adapter itself pulls Lightning in
+    ("import hetero_strategy", "from lightning.fabric import Fabric", True),  # Fabric first, then the Trainer
+    ("from hetero_strategy import HeteroFabricStrategy", "pass", False),
 ]
 
 

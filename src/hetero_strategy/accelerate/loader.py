@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from hetero_strategy.balance.probe import ProbeError, ProbeExchange, StepCost, probe_step_cost
 from hetero_strategy.runtime import HeteroRuntime
+from hetero_strategy.runtime.model_probe import LossFn, default_loss, module_measure
 
 __all__ = ["HeteroDataLoader", "default_loss", "train_loader"]
-
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 def train_loader(accelerator: Any, runtime: HeteroRuntime, loader: Any, model: Any,
                  loss_fn: LossFn | None) -> HeteroDataLoader:
     """The user's training loader, planned by the runtime (probing ``model`` when nothing is configured)."""
-    measure = None if model is None else lambda batches, exchange: _measure(accelerator, runtime, model, loss_fn,
-                                                                            batches, exchange)
+    measure = None if model is None else _measure(accelerator, runtime, model, loss_fn)
     seed = runtime.config.balance.seed if runtime.config.balance.seed is not None else 0
     # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
     # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
@@ -29,24 +24,13 @@ def train_loader(accelerator: Any, runtime: HeteroRuntime, loader: Any, model: A
     return HeteroDataLoader(accelerator.prepare(rebuilt), runtime)
 
 
-def _measure(accelerator: Any, runtime: HeteroRuntime, model: Any, loss_fn: LossFn | None,
-             batches: list[tuple[Any, int]], exchange: ProbeExchange) -> StepCost | None:
-    """Probe the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
+def _measure(accelerator: Any, runtime: HeteroRuntime, model: Any, loss_fn: LossFn | None) -> Any:
+    """The probe of the unwrapped model (its forward keeps Accelerate's autocast), batches on the device."""
     from accelerate.utils import send_to_device
 
-    module = accelerator.unwrap_model(model)
-    on_device = [(send_to_device(b, accelerator.device), n) for b, n in batches]
-    fn = loss_fn or default_loss
-    try:
-        with runtime.autocast():  # timed in the dtype this rank will train in
-            return probe_step_cost(module, lambda b: fn(module, b), on_device, runtime.config.balance.probe_steps,
-                                   exchange=exchange)
-    except ProbeError as e:  # raised on every rank alike: equal shares, with the reason
-        if loss_fn is not None:
-            raise
-        runtime.warn(f"hetero: {e}; pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, "
-                     "or batch_sizes=/capacities=")
-        return None
+    return module_measure(runtime, accelerator.unwrap_model(model), loss_fn=loss_fn,
+                          to_device=lambda b: send_to_device(b, accelerator.device),
+                          hint="pass loss_fn=lambda model, batch: ... to HeteroPlugin.prepare, or batch_sizes=/capacities=")
 
 
 class HeteroDataLoader:
@@ -81,26 +65,3 @@ class HeteroDataLoader:
         if name in ("loader", "runtime", "before_batch"):  # not set yet (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
-
-
-def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """A scalar to backpropagate for timing ``model`` on ``batch`` (the probe's default).
-
-    A mapping is passed as keywords (Hugging Face style) and the model's own ``loss`` is used when
-    it returns one; a tuple or list passes its first element (``(inputs, target)``), a tensor
-    passes itself. Without a loss the mean of the first output stands in: it runs the same
-    backward pass, and the probe only measures time. Pass ``loss_fn`` to prepare() otherwise.
-    """
-    if isinstance(batch, Mapping):
-        out = model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        out = model(batch[0])
-    else:
-        out = model(batch)
-    loss = getattr(out, "loss", None)
-    if loss is None and isinstance(out, Mapping):
-        loss = out.get("loss")
-    if loss is not None:
-        return loss
-    first = out if isinstance(out, torch.Tensor) else next(iter(out.values() if isinstance(out, Mapping) else out))
-    return first.float().mean()

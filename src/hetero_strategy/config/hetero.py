@@ -118,6 +118,19 @@ class HeteroConfig:
         _fail("config", config, "pass a HeteroConfig or the path of a YAML file")
 
     @classmethod
+    def from_keywords(cls, config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
+        """An adapter's constructor keywords: ``config`` with the HeteroConfig fields among ``named``
+        (its own parameters, those set) and ``kwargs`` (popped from it) on top; ``compression`` is the
+        section's shorthand. What stays in ``kwargs`` is the framework's."""
+        owners = field_owners()
+        flat = {k: v for k, v in named.items() if k in owners and v is not None}
+        flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
+        compression = named.get("compression", kwargs.pop("compression", None))
+        if compression is not None:
+            flat["compression"] = compression
+        return cls.resolve(config, flat)
+
+    @classmethod
     def from_yaml(cls, path: str | Path) -> HeteroConfig:
         try:
             with open(path) as f:

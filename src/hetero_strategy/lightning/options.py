@@ -10,7 +10,7 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_strategy.config import ConfigError, HeteroConfig, field_owners
+from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.lightning.checkpoints import check_state_dict_type
 from hetero_strategy.lightning.hybrid import check_hybrid_monitor
 
@@ -43,13 +43,7 @@ def strategy_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) 
 
 def flat_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
     """``config`` with the HeteroConfig fields among ``named`` (set ones) and ``kwargs`` (popped) on top."""
-    owners = field_owners()
-    flat = {k: v for k, v in named.items() if k in owners and v is not None}
-    flat.update({k: kwargs.pop(k) for k in list(kwargs) if k in owners})
-    compression = named.get("compression", kwargs.pop("compression", None))  # the section's shorthand
-    if compression is not None:
-        flat["compression"] = compression
-    return HeteroConfig.resolve(config, flat)
+    return HeteroConfig.from_keywords(config, named, kwargs)
 
 
 def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:

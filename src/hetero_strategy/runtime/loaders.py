@@ -7,7 +7,7 @@ the loader given to ``HeteroPlugin.prepare`` before Accelerate shards it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -16,7 +16,7 @@ from hetero_strategy.balance import HeteroBatchSampler
 from hetero_strategy.balance.costed import CostedBatchSampler
 from hetero_strategy.config import ConfigError
 
-__all__ = ["check_sample_cost", "hetero_train_loader", "is_shuffled", "probe_batch", "sample_costs",
+__all__ = ["ClaimingLoader", "check_sample_cost", "claiming_loader", "hetero_train_loader", "is_shuffled", "probe_batch", "sample_costs",
            "train_loader_batch_size"]
 
 
@@ -53,7 +53,39 @@ def is_shuffled(loader: DataLoader) -> bool:
     return isinstance(sampler, RandomSampler) or bool(getattr(sampler, "shuffle", False))
 
 
-def _rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
+class ClaimingLoader(DataLoader):
+    """A DataLoader that calls ``on_batch()`` as each batch reaches its caller, for a framework with
+    no batch-start event (Fabric): loaders fetch ahead, so the runtime's ``batch_start`` must run
+    when the batch is handed out, not when the sampler yields its indices.
+
+    Epochs: Fabric sets the sampler's epoch to the number of times *this process* iterated the
+    loader, so a run resumed in epoch e would start again at epoch 0. At the first iteration the
+    epochs are shifted by where the (restored) batch sampler stands, so they go on from e.
+    """
+
+    on_batch: Callable[[], None] | None = None
+    epoch_offset: int | None = None  # set at the first iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        if isinstance(sampler, HeteroBatchSampler):
+            if self.epoch_offset is None:  # the epoch the restored position lies in (0 on a fresh start)
+                self.epoch_offset = max(sampler.position[0] - sampler.epoch, 0)
+            sampler.set_epoch(sampler.epoch + self.epoch_offset)
+        for batch in super().__iter__():
+            if self.on_batch is not None:
+                self.on_batch()
+            yield batch
+
+
+def claiming_loader(loader: DataLoader, on_batch: Callable[[], None]) -> ClaimingLoader:
+    """``loader`` (its dataset, batch sampler and worker settings) as a :class:`ClaimingLoader`."""
+    claiming = _rebuild(loader, cls=ClaimingLoader, batch_sampler=loader.batch_sampler)
+    claiming.on_batch = on_batch
+    return claiming
+
+
+def _rebuild(loader: DataLoader, cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
     kwargs = dict(
         dataset=loader.dataset,
         num_workers=loader.num_workers,
@@ -69,7 +101,7 @@ def _rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     kwargs.update(overrides)
-    return DataLoader(**kwargs)
+    return cls(**kwargs)
 
 
 def check_sample_cost(config: Any, accumulate: int) -> None:
