@@ -29,9 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import worker
 from hetero_strategy.cluster.tiers import parse_rate
-from hetero_strategy.commands.flags import count, number, rate
+from hetero_strategy.commands.flags import count, number, output_file, rate
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
@@ -40,7 +41,7 @@ _WORKER = "compression_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "compression.json"), help="where to write results")
     parser.add_argument("--link", type=rate, default="100mbit", help="slow link rate (step time and time to accuracy)")
     parser.add_argument("--ranks", type=int, choices=(2, 4), default=2,
                         help="2 ranks on --link, or 4 on bench balance's mixed cluster (hetero batch sizes)")

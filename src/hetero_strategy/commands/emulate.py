@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetero_strategy.commands.flags import UsageError, cluster_spec, count, number, rates, shares
+from hetero_strategy.commands.flags import UsageError, cluster_spec, count, number, output_file, rates, shares
 
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
@@ -43,13 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=count(0), default=0,
                         help="restart every rank this many times at most when one fails, as torchrun does")
     parser.add_argument("--no-measure", action="store_true", help="skip the per-rank link bandwidth probe")
-    parser.add_argument("--json", default=None, help="write the cluster description and exit codes here")
+    parser.add_argument("--json", type=output_file, default=None, help="write the cluster description and exit codes here")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every rank")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from hetero_strategy.config.files import write_atomic
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
@@ -95,9 +96,8 @@ def run(args: argparse.Namespace) -> int:
             again = f" after {result.restarts} restart(s)" if result.restarts else ""
             console.print(f"emulate{label}: all {len(compute)} ranks finished{again} in {result.wall_s:.1f} s")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"cluster": cluster.describe(), "returncodes": result.returncodes,
-                           "timed_out": result.timed_out, "wall_s": result.wall_s}, f, indent=2)
+            write_atomic(args.json, json.dumps({"cluster": cluster.describe(), "returncodes": result.returncodes,
+                                                "timed_out": result.timed_out, "wall_s": result.wall_s}, indent=2))
         return result.returncode
     except EmulatorError as e:
         console.print(f"[red]emulate: {e}")

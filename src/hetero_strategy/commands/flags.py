@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number", "rate", "rates", "shares"]
+__all__ = ["UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number",
+           "output_dir", "output_file", "rate", "rates", "shares"]
 
 
 class UsageError(ValueError):
@@ -111,6 +114,52 @@ def rate(text: str) -> str:
     except ValueError:
         raise _bad(text, "give one rate such as 50mbit, 1gbit or 10gbit") from None
     return text
+
+
+def output_file(text: str) -> str:
+    """A file to write once the work is done, checked before any work starts: a path that is not
+    a directory, in a directory that exists and takes a new file (a test file is made and removed)."""
+    path = os.path.abspath(text) if text and "\0" not in text else ""
+    if not path:
+        raise _bad(text, "give the path of a file to write, e.g. results.json")
+    _statable(text, path)
+    if os.path.isdir(path):
+        raise _bad(text, "that is a directory; give a file path inside it, e.g. DIR/results.json")
+    _writable_dir(text, os.path.dirname(path))
+    return text
+
+
+def output_dir(text: str) -> str:
+    """A directory to write into: one that exists and takes new files, or a new one whose parent does."""
+    path = os.path.abspath(text) if text and "\0" not in text else ""
+    if not path:
+        raise _bad(text, "give a directory path, e.g. run/")
+    _statable(text, path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise _bad(text, "that is a file, not a directory; give a directory path")
+    _writable_dir(text, path if os.path.isdir(path) else os.path.dirname(path))
+    return text
+
+
+def _statable(text: str, path: str) -> None:
+    """Refuse a path the system cannot even look up (a name too long, a loop of links)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        raise _bad(text, f"not a usable path ({e.strerror or e}); give another") from None
+
+
+def _writable_dir(text: str, folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise _bad(text, f"the directory {folder} does not exist; create it (mkdir -p {folder}) or give a path "
+                   "in an existing directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _bad(text, f"cannot write in {folder} ({e.strerror or e}); give a path in a writable directory") from None
 
 
 def choices_list(allowed: Iterable[str]) -> Callable[[str], str]:
