@@ -239,15 +239,16 @@ REFUSAL = re.compile(r"^(?P<field>[^=\n]+?)=(?P<value>.+?) is invalid: (?P<fix>.
 
 
 def assert_clear(error: BaseException, names: list[str] | None = None) -> None:
-    """``<field>=<value> is invalid: <what is allowed>`` on one line, of bounded length, with the
-    field one of ``names`` when given."""
+    """``<field>=<value> is invalid: <what is allowed>`` on one line, of bounded length, naming one
+    of ``names`` when given (as the field, or in the fix: ``plateau_thresholds=[0.05, 0.01] is
+    invalid: give 3 threshold(s) ... (periods has 4)`` answers ``periods=[4, 1, 1, 1]``)."""
     message = str(error)
     assert "\n" not in message, f"more than one line: {message!r}"
     assert len(message) < 2000, f"a {len(message)}-character message"
     m = REFUSAL.match(message)
     assert m, f"does not name field, value and fix: {message!r}"
     if names:
-        assert any(n in m["field"] for n in names), f"names none of {names}: {message!r}"
+        assert any(n in m["field"] or n in m["fix"] for n in names), f"names none of {names}: {message!r}"
 
 
 def assert_finite(value: Any, where: str = "config") -> None:

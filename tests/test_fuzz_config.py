@@ -15,12 +15,16 @@ from hypothesis import example, given
 
 from hetero_strategy.config import ConfigError, HeteroConfig
 
+SHORTHANDS = {"calibration": "calibrate", "compression": "method"}  # `calibration=v` sets calibrate=v
+SPOKEN = {"method": "compression"}  # the flat name a field's messages use: method='zip' reads compression='zip'
+
 
 def _names(kwargs: dict) -> list[str]:
-    names = ["config", *map(str, kwargs)]
+    names = ["config", *map(str, kwargs), *(SHORTHANDS[k] for k in kwargs if k in SHORTHANDS)]
     for v in kwargs.values():
         if isinstance(v, dict):
             names += map(str, v)
+    names += [SPOKEN[n] for n in names if n in SPOKEN]
     return names
 
 
@@ -36,6 +40,9 @@ def _sound(cfg: HeteroConfig, tmp: Path) -> None:
 
 @FUZZ
 @given(kwargs=config_kwargs())
+@example(kwargs={"calibration": None})  # named calibrate, the field the shorthand sets
+@example(kwargs={"periods": [4, 1, 1, 1]})  # named plateau_thresholds, whose count periods sets
+@example(kwargs={"method": ""})  # named compression='', the flat name of method
 @example(kwargs={"growth_factor": math.nan})  # accepted: NaN < 1 is false
 @example(kwargs={"init_scale": math.inf})  # accepted: an infinite first loss scale
 @example(kwargs={"clip_norm": math.inf, "compression": "topk"})
