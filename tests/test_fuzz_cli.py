@@ -157,6 +157,8 @@ def _run(args: list[str]) -> tuple[str, str]:
 @example(args=["emulate", "--json", "sub", "--", "true"])  # accepted: ran the job, then IsADirectoryError
 @example(args=["bench", "balance", "--json", "x" * 300])  # a name too long
 @example(args=["bench", "accelerate", ""])
+@example(args=["bench", "overlap", "--mtu", "9223372036854775808"])  # ValueError from ClusterSpec: no upper bound
+@example(args=["emulate", "--mtu", "9001", "--", "true"])
 @example(args=["config", "--output-dir", "7.0", "--"])
 @example(args=["\x1f"])  # argparse shows it as '\x1f'
 def test_every_argument_list_is_accepted_or_refused_with_status_2(no_work, args):

@@ -14,7 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetero_strategy.commands.flags import UsageError, cluster_spec, count, number, output_file, rates, shares
+from hetero_strategy.commands.flags import (
+    MTU,
+    UsageError,
+    cluster_spec,
+    count,
+    number,
+    output_file,
+    rates,
+    shares,
+)
 
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
@@ -32,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-rank (per-node with --nodes) link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
     parser.add_argument("--latency", default=None,
                         help="per-rank (per-node with --nodes) tbf queueing-latency bound in ms (default 50)")
-    parser.add_argument("--mtu", type=count(576), default=1500,
+    parser.add_argument("--mtu", type=MTU, default=1500,
                         help="every link's MTU in bytes, up to 9000 (jumbo frames: less kernel work per byte "
                              "charged to the ranks' CPU quota)")
     parser.add_argument("--memory", default=None,

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number",
+__all__ = ["MTU", "UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number",
            "output_dir", "output_file", "rate", "rates", "shares"]
 
 
@@ -42,19 +42,24 @@ def _bad(text: str, fix: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"{text!r} is invalid: {fix}")
 
 
-def count(minimum: int = 1) -> Callable[[str], int]:
-    """A whole number >= ``minimum``."""
+def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number >= ``minimum`` (and <= ``maximum`` when given)."""
+    allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise _bad(text, f"give a whole number >= {minimum}") from None
-        if value < minimum:
-            raise _bad(text, f"give a whole number >= {minimum}")
+            raise _bad(text, f"give a whole number {allowed}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _bad(text, f"give a whole number {allowed}")
         return value
 
     return parse
+
+
+MTU = count(576, 9000)
+"""``--mtu`` of an emulated cluster: bytes, 576 to 9000 (ClusterSpec's bound: a packet stays inside tbf's burst)."""
 
 
 def number(low: float = 0.0, high: float = math.inf, *, low_open: bool = True, high_open: bool = False,
