@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["MTU", "UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number",
+__all__ = ["MTU", "UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "input_file", "number",
            "output_dir", "output_file", "rate", "rates", "shares"]
 
 
@@ -131,6 +131,15 @@ def output_file(text: str) -> str:
     if os.path.isdir(path):
         raise _bad(text, "that is a directory; give a file path inside it, e.g. DIR/results.json")
     _writable_dir(text, os.path.dirname(path))
+    return text
+
+
+def input_file(text: str) -> str:
+    """A file to read: one that exists, is a regular file and can be opened."""
+    if not text or "\0" in text or not os.path.isfile(text):
+        raise _bad(text, "no such file; give the path of an existing file")
+    if not os.access(text, os.R_OK):
+        raise _bad(text, "cannot read it; give a readable file")
     return text
 
 
