@@ -157,6 +157,8 @@ def _run(args: list[str]) -> tuple[str, str]:
 @example(args=["emulate", "--json", "sub", "--", "true"])  # accepted: ran the job, then IsADirectoryError
 @example(args=["bench", "balance", "--json", "x" * 300])  # a name too long
 @example(args=["bench", "accelerate", ""])
+@example(args=["emulate", "--nodes", "9223372036854775808", "--", "true"])
+@example(args=["emulate", "--nproc", "9223372036854775808", "--", "true"])  # OverflowError: [1.0] * n
 @example(args=["bench", "compression", "--json", "0", "--from-json", "7.0"])  # FileNotFoundError
 @example(args=["bench", "compression", "--from-json", "cluster.json"])  # KeyError: no stored result
 @example(args=["bench", "overlap", "--mtu", "9223372036854775808"])  # ValueError from ClusterSpec: no upper bound

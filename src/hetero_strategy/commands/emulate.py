@@ -32,7 +32,8 @@ __all__ = ["HELP", "NAME", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc", type=count(1), default=None, help="number of ranks (default: entries in --compute)")
+    parser.add_argument("--nproc", type=count(1, 1024), default=None,
+                        help="number of ranks, 1 to 1024 (default: entries in --compute)")
     parser.add_argument("--compute", type=shares, default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
     parser.add_argument("--nodes", default=None,
                         help="ranks per node, e.g. 1,3: a node's ranks share a namespace and a link, and get "
@@ -127,6 +128,8 @@ def _resolve(args, parse_float_list, parse_link_list):
         if not nodes or min(nodes) < 1:
             raise ValueError(f"--nodes={args.nodes!r} is invalid: give each node's rank count (>= 1), e.g. 1,3")
     n = args.nproc or (sum(nodes) if nodes else len(compute) if compute else 1)
+    if nodes is not None and sum(nodes) > 1024:  # NOTE: as --nproc's bound; [1.0] * 2**63 overflowed
+        raise ValueError(f"--nodes={args.nodes!r} is invalid: give at most 1024 ranks in all")
     if nodes is not None and sum(nodes) != n:
         raise ValueError(f"--nodes={args.nodes!r} is invalid: its {sum(nodes)} ranks do not match --nproc={n}")
     if args.nproc is not None and args.nproc < 1:
