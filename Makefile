@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test docs lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
+.PHONY: install demo test fuzz docs lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
 
 install: $(STAMP)
 
@@ -24,6 +24,14 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
+
+# Property-based fuzzing of every input a user can type (issue 31): 5000 generated cases per surface
+# (config keywords, YAML, profile JSON, CLI), a fresh random seed each run; a benchmark-sized job, not
+# part of `make test` (which runs a fixed-seed subset of the same tests). FUZZ_EXAMPLES=N to resize.
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	HETERO_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) flock /tmp/hetero_cpu.lock $(BIN)/python -m pytest -q -p no:cacheprovider \
+		--timeout 3600 --durations=0 tests/test_fuzz_config.py tests/test_fuzz_profile.py tests/test_fuzz_cli.py
 
 # The docs site (mkdocs-material + mkdocstrings); --strict turns broken links and docstrings into errors.
 docs: install

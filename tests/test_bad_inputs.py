@@ -158,7 +158,7 @@ def _profile(ranks: int) -> dict:
 @pytest.mark.parametrize(("content", "needles"), [
     (json.dumps(_profile(2))[:40], ("not JSON at line", "hetero-strategy profile")),       # truncated
     (json.dumps({**_profile(2), "schema": "hetero-profile/0"}), ("schema 'hetero-profile/0'",)),
-    (json.dumps({**_profile(2), "ranks": [{"rank": 0}]}), ("lack a field", "KeyError")),
+    (json.dumps({**_profile(2), "ranks": [{"rank": 0}]}), ("ranks[0].compute_score=None", "number > 0")),
     (json.dumps(_profile(3)), ("describes 3 ranks but the job has 2",)),                    # world-size mismatch
 ])
 def test_a_bad_profile_json_is_refused(tmp_path, content, needles):

@@ -10,3 +10,8 @@ Example::
 
     flock /tmp/hetero_cpu.lock hetero-strategy bench compression --json benchmarks/results/compression.json
 """
+
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+"""benchmarks/results/ of this checkout: the default place of every mode's --json, wherever it runs from."""

@@ -24,8 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import worker
-from hetero_strategy.commands.flags import choices_list, count, number
+from hetero_strategy.commands.flags import choices_list, count, number, output_file
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
@@ -34,7 +35,7 @@ _WORKER = "accelerate_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/accelerate_overhead.json", help="result JSON")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "accelerate_overhead.json"), help="result JSON")
     parser.add_argument("--models", type=choices_list(("resnet18", "mlp")), default="resnet18,mlp", help="comma-separated: resnet18, mlp")
     parser.add_argument("--batch", type=count(1), default=32, help="per-rank batch B (default 32)")
     parser.add_argument("--steps", type=count(1), default=30, help="timed steps per run (after one untimed)")

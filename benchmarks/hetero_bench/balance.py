@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import run_job, worker
 from hetero_bench.balance_summary import (
     FRAMEWORKS,
@@ -44,7 +45,7 @@ from hetero_bench.balance_summary import (
     summarise,
     sweep_splits,
 )
-from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, output_file
 
 __all__ = ["add_arguments", "goals", "run"]
 
@@ -52,7 +53,7 @@ _WORKER = "balance_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/balance.json", help="result JSON (PNG beside it)")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "balance.json"), help="result JSON (PNG beside it)")
     parser.add_argument("--png", default=None, help="chart path (default: the JSON path with .png)")
     add_cluster_flags(parser, link_why=": compute dominates")
     parser.add_argument("--batch", type=count(1), default=64, help="mean per-rank batch B (default 64)")

@@ -29,9 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import worker
 from hetero_strategy.cluster.tiers import parse_rate
-from hetero_strategy.commands.flags import count, number, rate
+from hetero_strategy.commands.flags import UsageError, count, input_file, number, output_file, rate
 from hetero_strategy.emulate.launch import die_with_parent
 
 __all__ = ["add_arguments", "run"]
@@ -40,7 +41,7 @@ _WORKER = "compression_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/compression.json", help="where to write results")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "compression.json"), help="where to write results")
     parser.add_argument("--link", type=rate, default="100mbit", help="slow link rate (step time and time to accuracy)")
     parser.add_argument("--ranks", type=int, choices=(2, 4), default=2,
                         help="2 ranks on --link, or 4 on bench balance's mixed cluster (hetero batch sizes)")
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=count(1), default=3, help="time-to-accuracy seeds")
     parser.add_argument("--target", type=number(0.0, 1.0, what="an accuracy"), default=0.95, help="digits held-out accuracy to reach")
     parser.add_argument("--lr", type=number(what="a learning rate"), default=0.003, help="SGD learning rate (momentum 0.9)")
-    parser.add_argument("--from-json", default=None,
+    parser.add_argument("--from-json", type=input_file, default=None,
                         help="re-summarise a stored result at --target from its curves (no training)")
     parser.add_argument("--timeout", type=number(1.0, what="seconds"), default=7200.0, help="time-to-accuracy limit")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
@@ -184,10 +185,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _retarget(args: argparse.Namespace, retarget, ratios, goals, chart) -> int:
     """``--from-json``: the stored run read at ``--target``, written to ``--json`` (its setup says so)."""
-    stored = json.loads(Path(args.from_json).read_text())
-    methods = retarget(stored["methods"], args.target)
+    try:  # NOTE: the one read of a stored result; bench's run() prints a UsageError and exits 2
+        stored = json.loads(Path(args.from_json).read_bytes())
+        stored_methods, setup = stored["methods"], stored["setup"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
+        raise UsageError(f"--from-json={args.from_json!r} is invalid: not a stored `bench compression` result "
+                         f"({type(e).__name__}); give the --json of an earlier run") from None
+    methods = retarget(stored_methods, args.target)
     r = ratios(methods)
-    setup = stored["setup"]
     unthrottled = setup.get("links") == "loopback"
     result = {"methods": methods, "ratios": r, "goals": goals(methods, r, setup["ranks"], unthrottled),
               "setup": {**setup, "target": args.target,

@@ -26,8 +26,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import worker
-from hetero_strategy.commands.flags import count
+from hetero_strategy.commands.flags import count, output_file, rate
 
 __all__ = ["MODEL_WORLDS", "add_arguments", "run", "summarise"]
 
@@ -36,10 +37,10 @@ MODEL_WORLDS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/compression_scaling.json", help="where to write results")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "compression_scaling.json"), help="where to write results")
     parser.add_argument("--worlds", nargs="+", type=count(2), default=[2, 4, 8], help="measured world sizes")
     parser.add_argument("--steps", type=count(1), default=10, help="counted steps per codec")
-    parser.add_argument("--link", default="1gbit", help="every rank's link rate (bytes do not depend on it)")
+    parser.add_argument("--link", type=rate, default="1gbit", help="every rank's link rate (bytes do not depend on it)")
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
                         help="cnn: the time-to-accuracy CNN (283k parameters); resnet18: 11.2M")
 

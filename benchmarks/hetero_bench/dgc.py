@@ -31,8 +31,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import gloo_job, worker
 from hetero_bench.compression_e2e import converge
+from hetero_strategy.commands.flags import output_file
 
 __all__ = ["VARIANTS", "main", "variant_hook"]
 
@@ -107,7 +109,7 @@ def _worker(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hetero_bench.dgc", description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", default="benchmarks/results/dgc.json")
+    p.add_argument("--json", type=output_file, default=str(RESULTS / "dgc.json"))
     p.add_argument("--steps", type=int, default=300, help="budget per run")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--eval-every", type=int, default=10)

@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import run_job, worker
-from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, output_file
 
 __all__ = ["add_arguments", "run", "summarise"]
 
@@ -37,7 +38,7 @@ _BASELINES = ("sync", "sync_topk")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/hybrid.json", help="result JSON (a PNG beside it)")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "hybrid.json"), help="result JSON (a PNG beside it)")
     add_cluster_flags(parser, link="100mbit")
     parser.add_argument("--seeds", type=count(1), default=3, help="seeds per mode (default 3)")
     parser.add_argument("--epochs", type=count(1), default=10, help="epochs per run (default 10)")

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import run_job, worker
 from hetero_bench.balance_summary import spread
-from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, output_file
 from hetero_strategy.runtime.metrics import balance, median_step
 
 __all__ = ["add_arguments", "figures", "run"]
@@ -36,7 +37,7 @@ _TRAININGS = ("ddp", "count", "cost")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/lengths.json", help="result JSON")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "lengths.json"), help="result JSON")
     add_cluster_flags(parser)
     parser.add_argument("--batch", type=count(1), default=32, help="mean samples per rank per step (default 32)")
     parser.add_argument("--steps", type=count(2), default=40, help="training steps per run (default 40)")

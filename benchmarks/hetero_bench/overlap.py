@@ -24,8 +24,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import worker
-from hetero_strategy.commands.flags import count, number, rate
+from hetero_strategy.commands.flags import MTU, count, number, output_file, rate
 
 __all__ = ["add_arguments", "run", "summarise"]
 
@@ -33,9 +34,9 @@ _WORKER = "overlap_worker"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/overlap.json", help="where to write results")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "overlap.json"), help="where to write results")
     parser.add_argument("--link", type=rate, default="100mbit", help="emulated link rate of both ranks")
-    parser.add_argument("--mtu", type=count(576), default=None,
+    parser.add_argument("--mtu", type=MTU, default=None,
                         help="the emulated links' MTU (default 9000): at Linux's 1500 the kernel's per-packet "
                              "work, which a real NIC does, takes CPU from the codec beside a transfer")
     parser.add_argument("--rounds", type=count(1), default=7, help="alternating rounds (the first is dropped)")

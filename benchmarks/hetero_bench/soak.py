@@ -21,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from hetero_bench import RESULTS
 from hetero_bench._ranks import run_job, worker
-from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, rate
+from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, output_file, rate
 
 __all__ = ["add_arguments", "phases", "run"]
 
@@ -31,7 +32,7 @@ _SETTLE = 10  # steps after each link change left out of the figures (the step i
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default="benchmarks/results/soak.json", help="result JSON")
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "soak.json"), help="result JSON")
     add_cluster_flags(parser, compute="1.0,0.5", link="1gbit")
     parser.add_argument("--flap", type=rate, default="50mbit", help="the last rank's link during the flap (default 50mbit)")
     parser.add_argument("--steps", type=count(30), default=300, help="training steps (default 300)")

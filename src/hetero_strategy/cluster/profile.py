@@ -32,6 +32,7 @@ import torch.distributed as dist
 from hetero_strategy.cluster import probes
 from hetero_strategy.cluster.devices import DeviceInfo, describe_device, training_dtype
 from hetero_strategy.cluster.tiers import classify_tier
+from hetero_strategy.config.errors import shown
 
 __all__ = ["SCHEMA", "ProfileInputs", "load_profile", "run_profile", "save_profile"]
 
@@ -96,34 +97,71 @@ def _assemble(ranks: list[dict], sweep: list[dict], p2p: list[list], world: int)
 
 
 def save_profile(profile: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile, indent=2))
+    from hetero_strategy.config.files import write_atomic
+
+    write_atomic(path, json.dumps(profile, indent=2))
 
 
 def load_profile(path: str | Path) -> ProfileInputs:
-    """Read a profile JSON and return the planner's inputs; refuses other schemas with the fix."""
+    """Read a profile JSON and return the planner's inputs.
+
+    Raises:
+        ConfigError: ``profile='<path>' is invalid: ...`` naming what is wrong (unreadable, not
+            JSON, another schema, a rank's field) and the fix.
+    """
     from hetero_strategy.config import ConfigError
 
-    again = "re-run `hetero-strategy profile --json PATH`"
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"profile={str(path)!r} is invalid: {why}; re-run `hetero-strategy profile --json PATH`")
+
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"profile={str(path)!r} is invalid: cannot read it ({e.strerror}); {again}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"profile={str(path)!r} is invalid: not JSON at line {e.lineno} (a truncated or "
-                          f"hand-edited file?); {again}") from None
+        data = json.loads(Path(path).read_bytes())  # NOTE: bytes: json detects UTF-8/16/32 itself
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        if isinstance(e, json.JSONDecodeError):
+            raise refuse(f"not JSON at line {e.lineno} (a truncated or hand-edited file?)") from None
+        if isinstance(e, UnicodeDecodeError):
+            raise refuse("not UTF-8 text") from None
+        raise refuse(f"cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except RecursionError:
+        raise refuse("nested too deeply to be a profile") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         schema = data.get("schema") if isinstance(data, dict) else None
-        raise ConfigError(f"profile={str(path)!r} is invalid: schema {schema!r} is not {SCHEMA!r}; {again}")
-    try:
-        ranks = sorted(data["ranks"], key=lambda r: r["rank"])
-        bw = [r.get("bandwidth_gbit_s") for r in ranks]
-        if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
-            bw = [1.0] * len(ranks)
-        return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks],
-                             bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ConfigError(f"profile={str(path)!r} is invalid: its ranks lack a field or hold a bad value "
-                          f"({type(e).__name__}: {e}); {again}") from None
+        raise refuse(f"schema {shown(schema)} is not {SCHEMA!r}")
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise refuse(f"ranks={shown(ranks)}: give one entry per rank")
+    why = _rank_problem(ranks)
+    if why:
+        raise refuse(why)
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    bw = [r.get("bandwidth_gbit_s") for r in ranks]
+    if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
+        bw = [1.0] * len(ranks)
+    return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks],
+                         bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
+
+
+def _rank_problem(ranks: list[Any]) -> str | None:
+    """What is wrong with the first bad rank entry, or None: the ranks are 0..n-1 once each, each
+    with a compute score > 0, a link bandwidth > 0 (or null: not measured) and a known tier."""
+    from hetero_strategy.config import TIERS
+    from hetero_strategy.config.errors import _number, _whole
+
+    seen: set[int] = set()
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict):
+            return f"ranks[{i}]={shown(r)}: each rank is a mapping of its measurements"
+        k, score, bw, tier = r.get("rank"), r.get("compute_score"), r.get("bandwidth_gbit_s"), r.get("tier")
+        if not _whole(k) or not 0 <= k < len(ranks) or k in seen:
+            return f"ranks[{i}].rank={shown(k)}: the ranks must be 0..{len(ranks) - 1}, each once"
+        seen.add(k)
+        if not _number(score) or score <= 0:
+            return f"ranks[{i}].compute_score={shown(score)}: give the rank's speed as a number > 0"
+        if bw is not None and (not _number(bw) or bw <= 0):
+            return f"ranks[{i}].bandwidth_gbit_s={shown(bw)}: give the link's Gbit/s as a number > 0, or null"
+        if tier is not None and tier not in TIERS:
+            return f"ranks[{i}].tier={shown(tier)}: choose one of {', '.join(TIERS)}, or null"
+    return None
 
 
 def _init_from_env() -> bool:

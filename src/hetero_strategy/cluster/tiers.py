@@ -57,7 +57,7 @@ def parse_rate(text: str) -> float:
                 value = float(number) * _UNITS[unit]
             except ValueError:
                 break
-            if value > 0:
+            if value > 0 and math.isfinite(value):  # NOTE: float() reads "inf" too
                 return value
             break
     raise ValueError(f"link={text!r} is invalid: write a positive rate like 10gbit, 100mbit or 800kbit")
@@ -81,7 +81,7 @@ def parse_size(text: str) -> int:
         mult = 1
     try:
         value = int(float(s) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf", "1e400"
         value = 0
     if value < 4:
         raise ValueError(f"bytes={text!r} is invalid: give a size of at least 4 bytes, e.g. 4096, 64KB or 4MB")

@@ -29,7 +29,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.commands.flags import UsageError, add_cluster_flags, cluster_args, count, number
+from hetero_strategy.commands.flags import (
+    UsageError,
+    add_cluster_flags,
+    cluster_args,
+    count,
+    number,
+    output_dir,
+)
 
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
@@ -43,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=count(1), default=128, help="mean per-rank batch B (default 128)")
     parser.add_argument("--steps", type=count(2), default=60, help="training steps per run (default 60)")
     parser.add_argument("--measure", type=count(1), default=12, help="figures use the last N steps (default 12)")
-    parser.add_argument("--out", default="demo_results", help="folder for demo.json and demo.png")
+    parser.add_argument("--out", type=output_dir, default="demo_results", help="folder for demo.json and demo.png")
     parser.add_argument("--simulate", action="store_true",
                         help="loopback + duty-cycle compute (the default when not root)")
     parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per run")

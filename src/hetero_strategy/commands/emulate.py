@@ -14,7 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetero_strategy.commands.flags import UsageError, cluster_spec, count, number, rates, shares
+from hetero_strategy.commands.flags import (
+    MTU,
+    UsageError,
+    cluster_spec,
+    count,
+    number,
+    output_file,
+    rates,
+    shares,
+)
 
 NAME = "emulate"
 HELP = "Run N ranks of a command on an emulated heterogeneous cluster (namespaces + tbf + cgroups)."
@@ -23,7 +32,8 @@ __all__ = ["HELP", "NAME", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc", type=count(1), default=None, help="number of ranks (default: entries in --compute)")
+    parser.add_argument("--nproc", type=count(1, 1024), default=None,
+                        help="number of ranks, 1 to 1024 (default: entries in --compute)")
     parser.add_argument("--compute", type=shares, default=None, help="per-rank share of one core, e.g. 1.0,0.57 (default 1.0)")
     parser.add_argument("--nodes", default=None,
                         help="ranks per node, e.g. 1,3: a node's ranks share a namespace and a link, and get "
@@ -32,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-rank (per-node with --nodes) link rate, e.g. 10gbit,100mbit ('none' = unshaped)")
     parser.add_argument("--latency", default=None,
                         help="per-rank (per-node with --nodes) tbf queueing-latency bound in ms (default 50)")
-    parser.add_argument("--mtu", type=count(576), default=1500,
+    parser.add_argument("--mtu", type=MTU, default=1500,
                         help="every link's MTU in bytes, up to 9000 (jumbo frames: less kernel work per byte "
                              "charged to the ranks' CPU quota)")
     parser.add_argument("--memory", default=None,
@@ -43,13 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=count(0), default=0,
                         help="restart every rank this many times at most when one fails, as torchrun does")
     parser.add_argument("--no-measure", action="store_true", help="skip the per-rank link bandwidth probe")
-    parser.add_argument("--json", default=None, help="write the cluster description and exit codes here")
+    parser.add_argument("--json", type=output_file, default=None, help="write the cluster description and exit codes here")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every rank")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from hetero_strategy.config.files import write_atomic
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
     from hetero_strategy.emulate.spec import parse_float_list, parse_link_list
@@ -95,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
             again = f" after {result.restarts} restart(s)" if result.restarts else ""
             console.print(f"emulate{label}: all {len(compute)} ranks finished{again} in {result.wall_s:.1f} s")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"cluster": cluster.describe(), "returncodes": result.returncodes,
-                           "timed_out": result.timed_out, "wall_s": result.wall_s}, f, indent=2)
+            write_atomic(args.json, json.dumps({"cluster": cluster.describe(), "returncodes": result.returncodes,
+                                                "timed_out": result.timed_out, "wall_s": result.wall_s}, indent=2))
         return result.returncode
     except EmulatorError as e:
         console.print(f"[red]emulate: {e}")
@@ -118,6 +128,8 @@ def _resolve(args, parse_float_list, parse_link_list):
         if not nodes or min(nodes) < 1:
             raise ValueError(f"--nodes={args.nodes!r} is invalid: give each node's rank count (>= 1), e.g. 1,3")
     n = args.nproc or (sum(nodes) if nodes else len(compute) if compute else 1)
+    if nodes is not None and sum(nodes) > 1024:  # NOTE: as --nproc's bound; [1.0] * 2**63 overflowed
+        raise ValueError(f"--nodes={args.nodes!r} is invalid: give at most 1024 ranks in all")
     if nodes is not None and sum(nodes) != n:
         raise ValueError(f"--nodes={args.nodes!r} is invalid: its {sum(nodes)} ranks do not match --nproc={n}")
     if args.nproc is not None and args.nproc < 1:

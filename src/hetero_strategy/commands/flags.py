@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "number", "rate", "rates", "shares"]
+__all__ = ["MTU", "UsageError", "add_cluster_flags", "choices_list", "cluster_args", "cluster_spec", "count", "input_file", "number",
+           "output_dir", "output_file", "rate", "rates", "shares"]
 
 
 class UsageError(ValueError):
@@ -39,19 +42,24 @@ def _bad(text: str, fix: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"{text!r} is invalid: {fix}")
 
 
-def count(minimum: int = 1) -> Callable[[str], int]:
-    """A whole number >= ``minimum``."""
+def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number >= ``minimum`` (and <= ``maximum`` when given)."""
+    allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise _bad(text, f"give a whole number >= {minimum}") from None
-        if value < minimum:
-            raise _bad(text, f"give a whole number >= {minimum}")
+            raise _bad(text, f"give a whole number {allowed}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _bad(text, f"give a whole number {allowed}")
         return value
 
     return parse
+
+
+MTU = count(576, 9000)
+"""``--mtu`` of an emulated cluster: bytes, 576 to 9000 (ClusterSpec's bound: a packet stays inside tbf's burst)."""
 
 
 def number(low: float = 0.0, high: float = math.inf, *, low_open: bool = True, high_open: bool = False,
@@ -111,6 +119,61 @@ def rate(text: str) -> str:
     except ValueError:
         raise _bad(text, "give one rate such as 50mbit, 1gbit or 10gbit") from None
     return text
+
+
+def output_file(text: str) -> str:
+    """A file to write once the work is done, checked before any work starts: a path that is not
+    a directory, in a directory that exists and takes a new file (a test file is made and removed)."""
+    path = os.path.abspath(text) if text and "\0" not in text else ""
+    if not path:
+        raise _bad(text, "give the path of a file to write, e.g. results.json")
+    _statable(text, path)
+    if os.path.isdir(path):
+        raise _bad(text, "that is a directory; give a file path inside it, e.g. DIR/results.json")
+    _writable_dir(text, os.path.dirname(path))
+    return text
+
+
+def input_file(text: str) -> str:
+    """A file to read: one that exists, is a regular file and can be opened."""
+    if not text or "\0" in text or not os.path.isfile(text):
+        raise _bad(text, "no such file; give the path of an existing file")
+    if not os.access(text, os.R_OK):
+        raise _bad(text, "cannot read it; give a readable file")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """A directory to write into: one that exists and takes new files, or a new one whose parent does."""
+    path = os.path.abspath(text) if text and "\0" not in text else ""
+    if not path:
+        raise _bad(text, "give a directory path, e.g. run/")
+    _statable(text, path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise _bad(text, "that is a file, not a directory; give a directory path")
+    _writable_dir(text, path if os.path.isdir(path) else os.path.dirname(path))
+    return text
+
+
+def _statable(text: str, path: str) -> None:
+    """Refuse a path the system cannot even look up (a name too long, a loop of links)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        raise _bad(text, f"not a usable path ({e.strerror or e}); give another") from None
+
+
+def _writable_dir(text: str, folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise _bad(text, f"the directory {folder} does not exist; create it (mkdir -p {folder}) or give a path "
+                   "in an existing directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _bad(text, f"cannot write in {folder} ({e.strerror or e}); give a path in a writable directory") from None
 
 
 def choices_list(allowed: Iterable[str]) -> Callable[[str], str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from hetero_strategy.commands.flags import count, number
+from hetero_strategy.commands.flags import count, number, output_file
 
 NAME = "profile"
 HELP = "Measure per-rank matmul/memory throughput and all-reduce/p2p bandwidth; write a cluster profile."
@@ -33,7 +33,8 @@ def _bytes(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default=None, help="write the cluster profile here (rank 0)")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="write the cluster profile here (rank 0); checked before the probes start")
     parser.add_argument("--max-bytes", type=_bytes, default=256 << 20,
                         help="largest all-reduce of the sweep (1 KB .. this; default 256MB); e.g. 4MB on CPU")
     parser.add_argument("--p2p-bytes", type=_bytes, default=4 << 20, help="bytes per point-to-point transfer")

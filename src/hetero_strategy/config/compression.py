@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.errors import _fail, _number, _plain, _whole
 
 __all__ = ["COMPRESSION_METHODS", "TIERS", "TIER_CODECS", "CompressionConfig"]
 
@@ -121,7 +121,7 @@ class CompressionConfig:
             v = getattr(self, name)
             if name == "min_density" and v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+            if not _number(v) or not 0.0 < v <= 1.0:
                 _fail(name, v, "a density must lie in (0, 1]")
         if self.min_density is not None and self.min_density > self.base_density:
             _fail("min_density", self.min_density,
@@ -144,11 +144,11 @@ class CompressionConfig:
         if self.density_schedule not in ("cosine", "constant"):
             _fail("density_schedule", self.density_schedule, "choose cosine or constant")
         self._check_dgc()
-        if isinstance(self.ef_gamma, bool) or not isinstance(self.ef_gamma, (int, float)) or not 0 < self.ef_gamma <= 1:
+        if not _number(self.ef_gamma) or not 0 < self.ef_gamma <= 1:
             _fail("ef_gamma", self.ef_gamma, "must lie in (0, 1]; 1.0 is classic error feedback")
         self._check_int("dense_sync_every", self.dense_sync_every, 0, "0 disables the periodic dense sync")
         if self.clip_norm is not None and (
-            isinstance(self.clip_norm, bool) or not isinstance(self.clip_norm, (int, float)) or not self.clip_norm > 0
+            not _number(self.clip_norm) or not self.clip_norm > 0
         ):
             _fail("clip_norm", self.clip_norm, "must be a positive number (e.g. 5.0) or None")
         if self.compression_backend not in ("auto", "triton", "torch"):
@@ -179,6 +179,7 @@ class CompressionConfig:
             _fail("hierarchical", self.hierarchical,
                   f"works with compression={' or '.join(map(repr, _TOPK_OR_AUTO))} only")
         self._check_fast_groups()
+        _plain(self)
 
     def _check_dgc(self) -> None:
         """The DGC options (Lin et al., ICLR 2018) act on the Top-K exchange of the DDP hooks only."""
@@ -189,7 +190,7 @@ class CompressionConfig:
                   f"the exponential warm-up ramps the Top-K density of {', '.join(_TOPK)}, not compression="
                   f"{self.method!r}; use density_warmup='dense'")
         m = self.momentum_correction
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+        if not _number(m) or not 0.0 <= m < 1.0:
             _fail("momentum_correction", m, "the momentum factor must lie in [0, 1), e.g. 0.9; 0 turns it off")
         if m and self.method not in _TOPK:
             _fail("momentum_correction", m, f"it corrects the Top-K exchange of {', '.join(_TOPK)}, not "
@@ -210,7 +211,7 @@ class CompressionConfig:
             _fail("selection", self.selection, "choose exact (top-k every step) or threshold (reused threshold)")
         self._check_int("threshold_every", self.threshold_every, 1, "the steps between re-estimates; 1 is every step")
         h = self.threshold_headroom
-        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 1.0 <= h <= 4.0:
+        if not _number(h) or not 1.0 <= h <= 4.0:
             _fail("threshold_headroom", h, "payload slots per planned entry must lie in [1, 4], e.g. 1.25")
         if self.selection == "exact":
             return
@@ -231,7 +232,7 @@ class CompressionConfig:
             if not isinstance(g, (list, tuple)) or not g:
                 _fail(f"fast_groups[{i}]", g, "each group is a non-empty list of ranks")
             for r in g:
-                if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r in seen:
+                if not _whole(r) or r < 0 or r in seen:
                     _fail(f"fast_groups[{i}]", g, "ranks must be distinct integers >= 0, each in one group")
                 seen.add(r)
         if seen != set(range(len(seen))):
@@ -239,7 +240,7 @@ class CompressionConfig:
 
     @staticmethod
     def _check_int(name: str, value: Any, low: int, why: str) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not _whole(value) or value < low:
             _fail(name, value, f"must be an integer >= {low}; {why}")
 
     def _check_tier_overrides(self) -> None:
@@ -255,12 +256,12 @@ class CompressionConfig:
             for key, v in values.items():
                 where = f"tier_overrides.{tier}.{key}"
                 if key == "tier_factor":
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
+                    if v is not None and (not _number(v) or not 0 < v <= 1):
                         _fail(where, v, "must lie in (0, 1], or None for a dense tier")
                 elif key == "exchange_every":
                     self._check_int(where, v, 1, "1 exchanges every step")
                 elif key == "gamma":
-                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                    if not _number(v) or not 0 < v <= 1:
                         _fail(where, v, "must lie in (0, 1]")
                 elif key == "codec":
                     if v not in TIER_CODECS:

@@ -1,21 +1,69 @@
-"""The error every config check raises, and the helpers that word it (field, value, fix)."""
+"""The error every config check raises, and the helpers that word it (field, value, fix).
+
+The helpers are the one place each shared concept is checked: what counts as a number (finite,
+not a bool), a whole number, and how a refused value is shown (shortened: a 100,000-entry list
+or a YAML alias bomb must not become the message).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import reprlib
+from pathlib import PurePath
 from typing import Any
 
-__all__ = ["CONFIG_ENV", "ConfigError"]
+__all__ = ["CONFIG_ENV", "ConfigError", "shown"]
 
 CONFIG_ENV = "HETERO_STRATEGY_CONFIG"
 """Environment variable naming a hetero YAML file (``hetero-strategy config`` writes one)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 160, 80, 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
 
 
 class ConfigError(ValueError):
     """A configuration value was refused; the message names the field, the value and the fix."""
 
 
+def shown(value: Any) -> str:
+    """``repr(value)``, shortened to a few hundred characters however large or deep the value."""
+    return _REPR.repr(value)
+
+
 def _fail(field_name: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"{field_name}={value!r} is invalid: {fix}")
+    raise ConfigError(f"{field_name}={shown(value)} is invalid: {fix}")
+
+
+def _number(v: Any) -> bool:
+    """A finite int or float, not a bool (NaN passes no bound check: ``nan < 1`` is false too)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _plain(section: Any) -> None:
+    """After a section's checks: tuples become lists and paths strings, so what was accepted is
+    what YAML writes and reads back (``batch_sizes=(3, 13)`` equals ``[3, 13]`` from a file)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return str(v) if isinstance(v, PurePath) else v
+
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, (list, tuple, dict, PurePath)):
+            setattr(section, f.name, plain(value))
 
 
 def _check_positive_list(name: str, values: list | None, *, integer: bool) -> None:
@@ -24,7 +72,7 @@ def _check_positive_list(name: str, values: list | None, *, integer: bool) -> No
     if not isinstance(values, (list, tuple)) or len(values) == 0:
         _fail(name, values, "give a non-empty list with one entry per rank")
     for i, v in enumerate(values):
-        ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok_type or not v > 0:
-            kind = "a positive integer" if integer else "a positive number"
+        ok_type = _whole(v) if integer else _number(v)
+        if not ok_type or not v > 0:
+            kind = "a positive integer" if integer else "a positive finite number"
             _fail(f"{name}[{i}]", v, f"every entry must be {kind} (one per rank)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
-from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.errors import ConfigError, _fail, shown
+from hetero_strategy.config.files import read_yaml, write_atomic
 from hetero_strategy.config.hybrid import HybridConfig
 from hetero_strategy.config.precision import PrecisionConfig
 from hetero_strategy.config.reliability import ReliabilityConfig
@@ -68,10 +70,11 @@ class HeteroConfig:
         """Build from a nested mapping (the YAML layout); unknown keys are refused."""
         if not isinstance(data, dict):
             _fail("config", data, "the top level must be a mapping of sections")
-        unknown = sorted(set(data) - set(_SECTIONS))
+        unknown = sorted(set(data) - set(_SECTIONS), key=str)  # YAML keys may be numbers, dates, ...
         if unknown:
-            _fail(unknown[0], data[unknown[0]], f"unknown section; known sections: {', '.join(_SECTIONS)}")
-        return cls(**{k: _build_section(k, _SECTIONS[k][0], v or {}) for k, v in data.items()})
+            _fail(_key(unknown[0]), data[unknown[0]], f"unknown section; known sections: {', '.join(_SECTIONS)}")
+        # NOTE: only an empty section (`balance:`) means the defaults; `balance: 0` is refused
+        return cls(**{k: _build_section(k, _SECTIONS[k][0], {} if v is None else v) for k, v in data.items()})
 
     @classmethod
     def from_flat(cls, **kwargs: Any) -> HeteroConfig:
@@ -109,7 +112,7 @@ class HeteroConfig:
         if config is None:
             return cls.from_flat(**flat)
         if isinstance(config, (str, Path)):
-            if not Path(config).is_file():
+            if not os.path.isfile(config):  # NOTE: False, not OSError, for a name too long or with a NUL
                 _fail("config", str(config), "no such file; write one with `hetero-strategy config` or "
                       "HeteroConfig.to_yaml")
             return cls.from_yaml(config).replace(**flat)
@@ -132,15 +135,40 @@ class HeteroConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> HeteroConfig:
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            where = getattr(e, "problem_mark", None)
-            line = f" at line {where.line + 1}" if where is not None else ""
-            _fail("config", str(path), f"not valid YAML{line} ({getattr(e, 'problem', None) or e}); fix the file "
-                  "or write it again with `hetero-strategy config`")
-        return cls.from_dict(data)
+        data = read_yaml(path)
+        return cls.from_dict({} if data is None else data)
+
+    @classmethod
+    def problems(cls, data: Any) -> list[str]:
+        """Every error of a nested mapping (the YAML layout, None for an empty file), one per
+        section, then the checks across sections; [] when :meth:`from_dict` accepts it."""
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            return [f"config={shown(data)} is invalid: the top level must be a mapping of sections"]
+        out = []
+        for key, value in data.items():
+            try:
+                cls.from_dict({key: value})
+            except ConfigError as e:  # NOTE: to report every section's error, not only the first
+                out.append(str(e))
+        if not out:
+            try:
+                cls.from_dict(data)
+            except ConfigError as e:
+                out.append(str(e))
+        return out
+
+    def check_world_size(self, world_size: int) -> None:
+        """Refuse per-rank lists of another length than the job's ranks (a profile's, or the launch's)."""
+        self.balance.check_world_size(world_size)
+        per_rank = {"tiers": self.compression.tiers, "precision_policy": self.precision.precision_policy}
+        for name, values in per_rank.items():
+            if isinstance(values, list) and len(values) != world_size:
+                _fail(name, values, f"has {len(values)} entries but the job has {world_size} ranks; "
+                      f"give exactly {world_size} entries")
+        groups = self.compression.fast_groups
+        if groups is not None and sum(len(g) for g in groups) != world_size:
+            _fail("fast_groups", groups, f"the groups must cover the job's {world_size} ranks exactly once")
 
     # ---- output -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +184,7 @@ class HeteroConfig:
         if callable(self.balance.sample_cost):
             _fail("sample_cost", self.balance.sample_cost, "a YAML config can only name a dataset attribute, e.g. "
                   "sample_cost: lengths")
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        write_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def field_owners() -> dict[str, str]:
@@ -172,12 +200,17 @@ def _as_dict(section: Any) -> dict[str, Any]:
     return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
+def _key(key: Any) -> str:
+    """A key as a message names it: plain names as they are, anything else ('', 1, 'a b') quoted."""
+    return key if isinstance(key, str) and key.isidentifier() else shown(key)
+
+
 def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
     if not isinstance(values, dict):
         _fail(name, values, f"must be a mapping of {cls.__name__} fields")
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - known, key=str)
     if unknown:
-        _fail(f"{name}.{unknown[0]}", values[unknown[0]],
+        _fail(f"{name}.{_key(unknown[0])}", values[unknown[0]],
               f"unknown key; known keys of {name}: {', '.join(sorted(known))}")
     return cls(**values)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.errors import _fail, _number, _plain, _whole
 
 __all__ = ["HYBRID_MODES", "HybridConfig"]
 
@@ -68,6 +68,7 @@ class HybridConfig:
             _fail("delta_density", self.delta_density, "give a fraction in (0, 1] (e.g. 0.01), or None for dense deltas")
         if self.delta_codec not in ("topk", "topk_allreduce"):
             _fail("delta_codec", self.delta_codec, "choose topk or topk_allreduce")
+        _plain(self)
 
 
 def _check_periods(periods: Any) -> None:
@@ -91,11 +92,3 @@ def _check_thresholds(thresholds: Any, phases: int) -> None:
         if thresholds[i] >= thresholds[i - 1]:
             _fail(f"plateau_thresholds[{i}]", thresholds[i], f"thresholds must decrease (a later phase waits for a "
                   f"flatter loss); it is not below plateau_thresholds[{i - 1}]={thresholds[i - 1]!r}")
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
 
-from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.errors import _fail, _number, _plain, _whole
 
 __all__ = ["CAPABILITY_KEY", "DTYPE_NAMES", "PrecisionConfig", "name_words"]
 
@@ -78,9 +77,9 @@ class PrecisionConfig:
             _fail("growth_factor", self.growth_factor, "must be a number >= 1 (1 never grows)")
         if not _number(self.backoff_factor) or not 0 < self.backoff_factor < 1:
             _fail("backoff_factor", self.backoff_factor, "must lie in (0, 1), e.g. 0.5")
-        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
-                or self.growth_interval < 1:
+        if not _whole(self.growth_interval) or self.growth_interval < 1:
             _fail("growth_interval", self.growth_interval, "must be an integer >= 1, e.g. 2000")
+        _plain(self)
 
     @staticmethod
     def _check_positive(name: str, value: Any) -> None:
@@ -91,7 +90,7 @@ class PrecisionConfig:
 def _policy_key(key: Any) -> str:
     """A mapping key as the policy reads it: "default", a capability "M.m" (YAML's unquoted 7.0 is
     a float), or a device-name part; anything else is refused here rather than never matching."""
-    if isinstance(key, float) and math.isfinite(key) and key >= 0 and abs(key * 10 - round(key * 10)) < 1e-6:
+    if isinstance(key, float) and 0 <= key < 1000 and abs(key * 10 - round(key * 10)) < 1e-6:  # NOTE: round(inf) raises
         key = f"{key:.1f}"  # one decimal: 8.6 -> "8.6", 7.95 is no capability
     if isinstance(key, str):
         key = key.strip()
@@ -106,7 +105,3 @@ def _policy_key(key: Any) -> str:
         _fail("precision_policy key", key, "a capability is major.minor ('7.0', not '7'); a device-name part "
               "has a letter ('V100', 'RTX 3090')")
     return key
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from hetero_strategy.config.errors import _fail
+from hetero_strategy.config.errors import _fail, _number, _whole
 
 __all__ = ["NONFINITE_ACTIONS", "RESUME_MODES", "ReliabilityConfig"]
 
@@ -43,7 +42,7 @@ class ReliabilityConfig:
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_ACTIONS:
             _fail("nonfinite", self.nonfinite, f"choose one of {', '.join(NONFINITE_ACTIONS)}")
-        if not _number(self.stall_timeout_s) or not math.isfinite(self.stall_timeout_s) or self.stall_timeout_s < 1:
+        if not _number(self.stall_timeout_s) or self.stall_timeout_s < 1:
             _fail("stall_timeout_s", self.stall_timeout_s, "give the seconds a peer may stay silent, at least 1 "
                   "(e.g. 60)")
         if self.checkpoint_dir is not None and (not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir):
@@ -62,11 +61,3 @@ class ReliabilityConfig:
             _fail("keep_checkpoints", self.keep_checkpoints, "keep at least 1 complete checkpoint (e.g. 2)")
         if self.resume not in RESUME_MODES:
             _fail("resume", self.resume, f"choose one of {', '.join(RESUME_MODES)}")
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero_strategy.config.errors import _check_positive_list, _fail
+from hetero_strategy.config.errors import _check_positive_list, _fail, _number, _plain, _whole
 
 LOSS_NORMALIZATIONS = ("samples", "tokens")  # what a loss averages over (BalanceConfig.loss_normalization)
 
@@ -53,20 +54,20 @@ class BalanceConfig:
         _check_positive_list("batch_sizes", self.batch_sizes, integer=True)
         _check_positive_list("capacities", self.capacities, integer=False)
         _check_positive_list("max_batch_sizes", self.max_batch_sizes, integer=True)
-        if isinstance(self.memory_margin, bool) or not isinstance(self.memory_margin, (int, float)) \
+        if not _number(self.memory_margin) \
                 or not 0 <= self.memory_margin < 1:
             _fail("memory_margin", self.memory_margin, "give a fraction in [0, 1), e.g. 0.1 to keep 10% free")
         if self.batch_sizes is not None and self.capacities is not None:
             _fail("capacities", self.capacities, "give either batch_sizes or capacities, not both")
         for name in ("alpha", "beta"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            if not _number(v) or not 0.0 <= v <= 1.0:
                 _fail(name, v, "must lie in [0, 1] (defaults alpha=0.7, beta=0.3)")
         if self.alpha == 0 and self.beta == 0:
             _fail("alpha", self.alpha, "alpha and beta cannot both be 0; use the defaults 0.7 and 0.3")
-        if isinstance(self.probe_steps, bool) or not isinstance(self.probe_steps, int) or self.probe_steps < 1:
+        if not _whole(self.probe_steps) or self.probe_steps < 1:
             _fail("probe_steps", self.probe_steps, "must be an integer >= 1")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and not _whole(self.seed):
             _fail("seed", self.seed, "must be an integer or None")
         if self.sample_cost is not None and not callable(self.sample_cost) and (
                 not isinstance(self.sample_cost, str) or not self.sample_cost):
@@ -80,8 +81,9 @@ class BalanceConfig:
                   "or sample_cost=<function of the sample index>")
         if self.profile is not None and not isinstance(self.profile, (str, Path)):
             _fail("profile", self.profile, "give the path of a cluster-profile JSON, or None")
-        if self.profile is not None and not Path(self.profile).is_file():
+        if self.profile is not None and not os.path.isfile(self.profile):  # False for a name too long too
             _fail("profile", self.profile, "no such file; write one with `hetero-strategy profile --json PATH`")
+        _plain(self)
 
     def check_world_size(self, world_size: int, global_batch: int | None = None) -> None:
         """Refuse per-rank lists that do not match the job (called once the world size is known)."""
@@ -122,9 +124,9 @@ class CalibrationConfig:
             _fail("calibrate", self.calibrate, "must be true or false")
         for name in ("cold_start_steps", "recalibrate_every", "window"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "cold_start_steps" else 1):
+            if not _whole(v) or v < (0 if name == "cold_start_steps" else 1):
                 _fail(name, v, "must be a positive integer")
         if not 20 <= self.window <= 100:
             _fail("window", self.window, "use a window of 20 to 100 steps")
-        if not 0.0 < self.max_change <= 1.0:
+        if not _number(self.max_change) or not 0.0 < self.max_change <= 1.0:
             _fail("max_change", self.max_change, "must lie in (0, 1]; the default is 0.15")

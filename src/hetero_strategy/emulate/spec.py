@@ -4,6 +4,7 @@ and the links' MTU."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -132,9 +133,12 @@ class ClusterSpec:
 def parse_float_list(text: str, name: str) -> list[float]:
     """"1.0,0.57" -> [1.0, 0.57]; the error names the option."""
     try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError as e:
-        raise ValueError(f"{name}={text!r} is invalid: give comma-separated numbers, e.g. 1.0,0.57") from e
+        values = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = [math.nan]
+    if not all(math.isfinite(v) for v in values):  # float() reads "nan" and "inf" too
+        raise ValueError(f"{name}={text!r} is invalid: give comma-separated finite numbers, e.g. 1.0,0.57")
+    return values
 
 
 def parse_size(text: str, name: str) -> int | None:
@@ -147,7 +151,7 @@ def parse_size(text: str, name: str) -> int | None:
         size = float(value[:-1] if scale > 1 else value) * scale
     except ValueError:
         size = 0.0
-    if not size >= 64 * 2**20:
+    if not (math.isfinite(size) and size >= 64 * 2**20):
         raise ValueError(f"{name}={text!r} is invalid: give a size of at least 64M, e.g. 1.5G or 700M (or none)")
     return int(size)
 

@@ -14,7 +14,9 @@ Example::
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +55,17 @@ def hetero_config(answers: Answers) -> HeteroConfig:
 
 def write_configs(answers: Answers, output_dir: Path, *, accelerate_name: str = "accelerate.yaml",
                   hetero_name: str = "hetero.yaml") -> ConfigPaths:
+    """Both files or neither: both configs are built (and checked) first, written into a staging
+    folder beside them, then renamed into place."""
+    accelerate, hetero = accelerate_config(answers), hetero_config(answers)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = ConfigPaths(accelerate=output_dir / accelerate_name, hetero=output_dir / hetero_name)
-    accelerate_config(answers).to_yaml_file(str(paths.accelerate))
-    hetero_config(answers).to_yaml(paths.hetero)
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".hetero-config-") as staging:
+        staged = ConfigPaths(accelerate=Path(staging) / "accelerate.yaml", hetero=Path(staging) / "hetero.yaml")
+        accelerate.to_yaml_file(str(staged.accelerate))
+        hetero.to_yaml(staged.hetero)
+        os.replace(staged.accelerate, paths.accelerate)
+        os.replace(staged.hetero, paths.hetero)
     return paths
 
 
