@@ -236,7 +236,7 @@ def test_cli_mtu_reaches_the_ranks_links_and_a_bad_one_is_refused():
     assert ok.stdout.count(" mtu 9000 ") == 2  # both ranks' veths
     bad = subprocess.run([*cmd, "--mtu", "16000", "--", PY, "-c", "pass"], check=False, capture_output=True, text=True,
                          timeout=60)
-    assert bad.returncode == 2 and "mtu=16000 is invalid" in bad.stderr and "9000" in bad.stderr
+    assert bad.returncode == 2 and "--mtu: '16000' is invalid" in bad.stderr and "[576, 9000]" in bad.stderr
 
 
 def _start_cli(*extra: str) -> subprocess.Popen:
