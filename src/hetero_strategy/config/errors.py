@@ -13,7 +13,7 @@ import reprlib
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["CONFIG_ENV", "ConfigError", "shown"]
+__all__ = ["CONFIG_ENV", "ConfigError", "refuse_unknown_keywords", "shown"]
 
 CONFIG_ENV = "HETERO_STRATEGY_CONFIG"
 """Environment variable naming a hetero YAML file (``hetero-strategy config`` writes one)."""
@@ -30,6 +30,17 @@ class ConfigError(ValueError):
 def shown(value: Any) -> str:
     """``repr(value)``, shortened to a few hundred characters however large or deep the value."""
     return _REPR.repr(value)
+
+
+def refuse_unknown_keywords(kwargs: dict[str, Any], targets: tuple[Any, ...], takes: str) -> None:
+    """Refuse a keyword that none of ``targets`` (the constructors the rest is passed to) takes, here
+    rather than deep inside one of them; ``takes`` says what the caller accepts."""
+    import inspect
+
+    known = set().union(*(inspect.signature(t).parameters for t in targets)) - {"self", "module", "kwargs"}
+    for key, value in kwargs.items():
+        if key not in known:
+            raise ConfigError(f"{key}={shown(value)} is invalid: unknown option; {takes}")
 
 
 def _fail(field_name: str, value: Any, fix: str) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from lightning.fabric.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_strategy.config import ConfigError, HeteroConfig
+from hetero_strategy.config.errors import refuse_unknown_keywords
 
 __all__ = ["fabric_config"]
 
@@ -42,11 +42,6 @@ def fabric_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) ->
 
 def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keywords neither hetero nor Fabric's DDP knows, here rather than deep inside DDP's constructor."""
-    known = set(inspect.signature(DistributedDataParallel.__init__).parameters) | set(
-        inspect.signature(DDPStrategy.__init__).parameters
-    )
-    for key, value in kwargs.items():
-        if key not in known or key in ("self", "module", "kwargs"):
-            raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroFabricStrategy takes the fields of "
-                              "HeteroConfig, loss_fn, max_steps, and Fabric DDPStrategy/DistributedDataParallel "
-                              "keywords")
+    refuse_unknown_keywords(kwargs, (DistributedDataParallel.__init__, DDPStrategy.__init__),
+                            "HeteroFabricStrategy takes the fields of HeteroConfig, loss_fn, max_steps, and Fabric "
+                            "DDPStrategy/DistributedDataParallel keywords")

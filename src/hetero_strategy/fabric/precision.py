@@ -14,7 +14,7 @@ from typing import Any
 from lightning.fabric.plugins.precision import Precision
 from typing_extensions import override
 
-from hetero_strategy.config import ConfigError
+from hetero_strategy.precision.policy import policy_plugin
 
 __all__ = ["HeteroFabricPrecision", "policy_precision"]
 
@@ -22,12 +22,7 @@ __all__ = ["HeteroFabricPrecision", "policy_precision"]
 def policy_precision(policy: Any, precision: Any, runtime: Callable[[], Any]) -> Any:
     """The plugin the strategy runs with: a HeteroFabricPrecision under a precision policy
     (refusing a plugin of the user's beside it), else the user's (None: Fabric decides)."""
-    if policy is None:
-        return precision
-    if precision is not None:
-        raise ConfigError(f"precision={precision!r} is invalid with precision_policy={policy!r}: the policy "
-                          "installs its own plugin; drop one of them")
-    return HeteroFabricPrecision(runtime)
+    return policy_plugin(policy, precision, "precision", lambda: HeteroFabricPrecision(runtime))
 
 
 class HeteroFabricPrecision(Precision):

@@ -3,7 +3,6 @@ helpers of its steps that read Lightning objects: the run's length, the non-fini
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_strategy.config import ConfigError, HeteroConfig
+from hetero_strategy.config.errors import refuse_unknown_keywords
 from hetero_strategy.lightning.checkpoints import check_state_dict_type
 from hetero_strategy.lightning.hybrid import check_hybrid_monitor
 
@@ -48,13 +48,9 @@ def flat_config(config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> H
 
 def check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keywords neither hetero nor DDP knows, here rather than deep inside DDP's constructor."""
-    known = set(inspect.signature(DistributedDataParallel.__init__).parameters) | set(
-        inspect.signature(DDPStrategy.__init__).parameters
-    )
-    for key, value in kwargs.items():
-        if key not in known or key in ("self", "module", "kwargs"):
-            raise ConfigError(f"{key}={value!r} is invalid: unknown option; HeteroStrategy takes the fields of "
-                              "HeteroConfig plus DDPStrategy/DistributedDataParallel keywords")
+    refuse_unknown_keywords(kwargs, (DistributedDataParallel.__init__, DDPStrategy.__init__),
+                            "HeteroStrategy takes the fields of HeteroConfig plus DDPStrategy/DistributedDataParallel "
+                            "keywords")
 
 
 def refuse_comm_hooks(kwargs: dict[str, Any]) -> None:

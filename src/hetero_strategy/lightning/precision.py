@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.precision import Precision
 from typing_extensions import override
 
 from hetero_strategy.config import ConfigError
+from hetero_strategy.precision.policy import policy_plugin as chosen_plugin
 
 __all__ = ["HeteroPrecision", "check_trainer_precision", "policy_plugin"]
 
@@ -23,12 +24,7 @@ __all__ = ["HeteroPrecision", "check_trainer_precision", "policy_plugin"]
 def policy_plugin(policy: Any, precision_plugin: Any, runtime: Callable[[], Any]) -> Any:
     """The precision plugin HeteroStrategy runs with: a HeteroPrecision under a precision policy
     (refusing a plugin of the user's beside it), else the user's (None: Lightning decides)."""
-    if policy is None:
-        return precision_plugin
-    if precision_plugin is not None:
-        raise ConfigError(f"precision_plugin={precision_plugin!r} is invalid with precision_policy={policy!r}: the "
-                          "policy installs its own plugin; drop one of them")
-    return HeteroPrecision(runtime)
+    return chosen_plugin(policy, precision_plugin, "precision_plugin", lambda: HeteroPrecision(runtime))
 
 
 def check_trainer_precision(trainer: Any, policy: Any) -> None:

@@ -14,13 +14,16 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from hetero_strategy.cluster.devices import DeviceInfo, training_dtype
 from hetero_strategy.config import ConfigError
 from hetero_strategy.config.precision import CAPABILITY_KEY, name_words
 
-__all__ = ["choose_dtype", "resolve_dtype"]
+__all__ = ["choose_dtype", "policy_plugin", "resolve_dtype"]
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -65,3 +68,15 @@ def _contains(name: tuple[str, ...], part: tuple[str, ...]) -> bool:
     """Whether the words ``part`` occur in a row inside ``name``."""
     n = len(part)
     return n > 0 and any(name[i:i + n] == part for i in range(len(name) - n + 1))
+
+
+def policy_plugin(policy: Any, given: Any, field: str, make: Callable[[], Any]) -> Any:
+    """A framework's precision plugin under ``precision_policy``: ``make()`` (the adapter's per-rank
+    autocast plugin), refusing the user's own (``given``, passed as ``field``) beside it; without a
+    policy the user's (None: the framework decides)."""
+    if policy is None:
+        return given
+    if given is not None:
+        raise ConfigError(f"{field}={given!r} is invalid with precision_policy={policy!r}: the policy installs "
+                          "its own plugin; drop one of them")
+    return make()
