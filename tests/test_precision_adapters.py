@@ -125,3 +125,16 @@ def test_a_second_fit_of_one_trainer_goes_on_with_the_scale_and_residuals():
             assert torch.equal(a, b)
         assert rank["new_batch"] == [4, 12]  # batch_size=8 on each of 2 ranks, split 1 : 3
         assert rank["fresh_history"][0] == straight["history"][0]  # 256 again on the fp16 rank
+
+
+def test_a_precision_plugin_beside_a_policy_is_refused_in_lightning_and_fabric():
+    from lightning.fabric.plugins.precision import Precision as FabricPrecision
+    from lightning.pytorch.plugins.precision import Precision
+
+    from hetero_strategy import HeteroFabricStrategy, HeteroStrategy
+
+    with pytest.raises(ConfigError, match=r"precision_plugin=.* is invalid with precision_policy='bf16'.*drop one"):
+        HeteroStrategy(precision_policy="bf16", precision_plugin=Precision())
+    with pytest.raises(ConfigError, match=r"precision=.* is invalid with precision_policy='bf16'.*drop one"):
+        HeteroFabricStrategy(precision_policy="bf16", precision=FabricPrecision())
+    assert HeteroStrategy(precision_plugin=Precision()).precision_plugin is not None  # no policy: the user's
