@@ -215,6 +215,29 @@ def test_a_rank_over_its_memory_limit_is_killed_by_the_kernel_and_the_other_is_n
 
 
 @needs_root
+def test_the_working_set_peak_counts_held_memory_and_not_the_page_cache_the_kernel_charges():
+    # rank 0 holds 200 MB of its own; rank 1 writes 300 MB to a file and holds nothing. The kernel's
+    # charge counts rank 1's page cache; the working set (usage less inactive file cache) does not.
+    tmp = Path("/tmp") / f"ws_{os.getpid()}"
+    code = ("import os, time\nif os.environ['RANK'] == '0':\n  b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])\n"
+            f"else:\n  f = open('{tmp}', 'wb')\n  [f.write(os.urandom(1 << 20)) for _ in range(300)]\n  f.close()\n"
+            "time.sleep(0.5)")
+    try:
+        with EmulatedCluster(compute=[1.0, 1.0], memory=["none", "none"], measure=False) as cluster:
+            groups = cluster.memory_cgroups
+            for cg in groups:
+                cg.reset_peak()
+            with groups[0].watch_working_set() as held, groups[1].watch_working_set() as cached:
+                res = cluster.run([PY, "-c", code], timeout=60)
+            assert res.ok, res.outputs
+            assert 200 * 2**20 <= held.peak <= 260 * 2**20, held.peak
+            assert groups[1].peak_bytes() >= 300 * 2**20  # the kernel's charge holds the written file
+            assert cached.peak <= 100 * 2**20, cached.peak
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@needs_root
 def test_crashed_rank_stops_the_others_and_timeout_is_bounded():
     code = "import os,sys,time\nif os.environ['RANK']=='1': time.sleep(0.3); sys.exit(3)\ntime.sleep(60)"
     with EmulatedCluster(compute=[1.0, 1.0], measure=False) as cluster:

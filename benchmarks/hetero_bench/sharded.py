@@ -7,13 +7,15 @@ slow rank's cgroup limited (``limited``). The limit comes from round 0's own pro
 rank, in the kernel's accounting: its fixed memory plus room for a little over half of its share,
 so ``hetero_fsdp`` must split that share into passes, while the even split needs more than the
 limit. One more launch
-runs plain FSDP2 under the limit and records whether the kernel killed it. Peaks are the kernel's
-(each rank's memory cgroup). Samples/s are medians over the rounds, with [min, max].
+runs plain FSDP2 under the limit and records whether the kernel killed it. Peaks are each rank's
+working set (its memory cgroup's usage less inactive file cache, sampled: emulate/memwatch.py),
+beside the kernel's charge, which counts page cache that grows to the limit. Samples/s are medians over the rounds, with [min, max].
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -68,17 +70,22 @@ def _rounds(cluster: Any, args: argparse.Namespace, tmp: Path, console: Any) -> 
     console.print(f"slow rank: fixed {fixed / 2**20:.0f} MB, {per_sample / 2**20:.2f} MB per sample, share {share}; "
                   f"limit {limit / 2**20:.0f} MB (the even split needs {even_need / 2**20:.0f} MB)")
     runs: dict[str, list[dict]] = {"fsdp": [], "hetero_fsdp": [], "limited": []}
-    peaks: list[list[int]] = []
+    peaks: list[list[int]] = []  # sampled working sets (emulate/memwatch.py)
+    kernel_peaks: list[list[int]] = []  # the kernel's charge, page cache included
     for i in range(args.rounds):
         order = ["fsdp", "hetero_fsdp", "limited"]
         for name in order if i % 2 == 0 else order[::-1]:
             slow.set_limit(limit if name == "limited" else None)
             for cg in cluster.memory_cgroups:
                 cg.reset_peak()
-            got = _launch(cluster, "fsdp" if name == "fsdp" else "hetero_fsdp", args, tmp / f"r{i}{name}", console)
+            with contextlib.ExitStack() as stack:
+                watches = [stack.enter_context(cg.watch_working_set()) for cg in cluster.memory_cgroups]
+                got = _launch(cluster, "fsdp" if name == "fsdp" else "hetero_fsdp", args, tmp / f"r{i}{name}",
+                              console)
             runs[name].append({**got[0], "passes_per_step": [g["passes_per_step"] for g in got]})
             if name == "limited":
-                peaks.append([cg.peak_bytes() for cg in cluster.memory_cgroups])
+                peaks.append([w.peak for w in watches])
+                kernel_peaks.append([cg.peak_bytes() for cg in cluster.memory_cgroups])
         console.print(f"round {i + 1}/{args.rounds}: " + ", ".join(
             f"{k} {v[-1]['samples_per_s']:.1f}/s" for k, v in runs.items()))
     slow.set_limit(limit)
@@ -86,7 +93,8 @@ def _rounds(cluster: Any, args: argparse.Namespace, tmp: Path, console: Any) -> 
     oom = _launch(cluster, "fsdp", args, tmp / "fsdp_limited", console, may_fail=True)
     killed = slow.oom_kills() > kills
     slow.set_limit(None)
-    return _summary(runs, peaks, limit, args, oom is None and killed, calibration, even_need)
+    return _summary(runs, {"peak": peaks, "kernel": kernel_peaks}, limit, args, oom is None and killed,
+                    calibration, even_need)
 
 
 def _launch(cluster: Any, mode: str, args: argparse.Namespace, out: Path, console: Any,
@@ -108,14 +116,15 @@ def _median(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "spread": [min(values), max(values)], "values": values}
 
 
-def _summary(runs: dict[str, list[dict]], peaks: list[list[int]], limit: int, args: argparse.Namespace,
+def _summary(runs: dict[str, list[dict]], peaks: dict[str, list[list[int]]], limit: int, args: argparse.Namespace,
              fsdp_oom: bool, calibration: list[dict], even_need: float) -> dict:
     rate = {k: _median([r["samples_per_s"] for r in v]) for k, v in runs.items()}
     limited = runs["limited"][-1]
     caps = limited.get("memory_caps") or [None, None]
     probe = limited.get("memory_probe") or [None, None]
     cap_bytes = [None if c is None or p is None else p[0] + p[1] * c for c, p in zip(caps, probe)]
-    peak = [max(p[k] for p in peaks) for k in range(len(peaks[0]))]
+    peak, kernel_peak = ([max(p[k] for p in rows) for k in range(len(rows[0]))]
+                         for rows in (peaks["peak"], peaks["kernel"]))
     summary = {
         "hetero_fsdp_vs_fsdp": rate["hetero_fsdp"]["median"] / rate["fsdp"]["median"],
         "limited_vs_unlimited": rate["limited"]["median"] / rate["hetero_fsdp"]["median"],
@@ -128,7 +137,7 @@ def _summary(runs: dict[str, list[dict]], peaks: list[list[int]], limit: int, ar
         "hetero_fsdp_samples_per_s_spread": rate["hetero_fsdp"]["spread"],
         "limited": {"fsdp_out_of_memory": fsdp_oom, "hetero_fsdp_samples_per_s": rate["limited"]["median"],
                     "hetero_fsdp_samples_per_s_spread": rate["limited"]["spread"],
-                    "peak_bytes": peak, "cap_bytes": cap_bytes, "limit_bytes": [None, limit],
+                    "peak_bytes": peak, "kernel_peak_bytes": kernel_peak, "cap_bytes": cap_bytes, "limit_bytes": [None, limit],
                     "memory_caps": caps, "batch_sizes": limited["batch_sizes"],
                     "passes_per_step": limited["passes_per_step"],
                     "even_split_needs_bytes": even_need},
@@ -139,5 +148,7 @@ def _summary(runs: dict[str, list[dict]], peaks: list[list[int]], limit: int, ar
         "setup": {"compute": COMPUTE, "batch_per_rank": args.batch, "steps": args.steps, "measure_last": args.measure,
                   "rounds": args.rounds, "image_size": args.size, "memory_margin": args.memory_margin,
                   "workload": "3 conv 3x3 layers of 32 channels + linear, random images, SGD",
-                  "statistics": "samples/s: medians over rounds, spread [min, max]; peaks: the kernel's, per rank"},
+                  "statistics": "samples/s: medians over rounds, spread [min, max]; peak_bytes: each rank's "
+                                "working set (usage less inactive file cache, sampled every 10 ms), the max "
+                                "over rounds; kernel_peak_bytes: the kernel's charge, page cache included"},
     }

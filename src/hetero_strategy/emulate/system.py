@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from hetero_strategy.emulate.memwatch import WorkingSetPeak
+
 __all__ = ["CpuCgroup", "EmulatorError", "MemoryCgroup", "cgroup_cpu_root", "is_root", "kill_pids", "sh"]
 
 _CGROUP = Path("/sys/fs/cgroup")
@@ -151,6 +153,10 @@ class MemoryCgroup:
     def peak_bytes(self) -> int:
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
         return int((self.path / name).read_text().strip())
+
+    def watch_working_set(self, period_s: float = 0.01) -> WorkingSetPeak:
+        """A context manager whose ``peak`` is this group's sampled working-set peak (see memwatch)."""
+        return WorkingSetPeak(self.path, self.version, period_s)
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this group for going over its limit."""
