@@ -131,3 +131,18 @@ def test_bert_lightning_fsdp2_config_shards_and_runs_passes(tmp_path):
     split = re.search(r"global batch 16 split as \[(\d+), (\d+)\]", log)  # the probe's split of 2 x 8
     assert split and int(split.group(2)) > 2, log[-4000:]  # rank 1's share is above its cap of 2: passes
     assert re.search(r"^RESULT accuracy=[\d.]+ steps=4$", log, re.MULTILINE), log[-4000:]
+
+
+def test_bert_hf_trainer_under_torchrun(tmp_path, monkeypatch):
+    env = launch_env()
+    rc, log = run_command([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                           "--master-port", env["MASTER_PORT"], str(RECIPES / "bert_hf_trainer.py"), "--cpu",
+                           "--steps", "6", "--eval-batches", "1", "--output-dir", str(tmp_path / "out")], env=env, cwd=tmp_path, timeout=240)
+    assert rc == 0, log[-6000:]
+    fig = _figures(log, steps=6)
+    assert sum(fig["split"]) == 64 and min(fig["split"]) >= 1  # 2 x per_device_train_batch_size 32, probed
+    monkeypatch.syspath_prepend(str(RECIPES))
+    from text_task import bert_classifier, keyword_tokenizer
+
+    dense = _dense_ring_mb(_params(bert_classifier("tiny", vocab_size=len(keyword_tokenizer()))))
+    assert fig["mb"] == pytest.approx([dense] * 2, abs=1e-3)  # the hook ran: a dense ring's bytes per step

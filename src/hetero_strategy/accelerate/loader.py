@@ -12,15 +12,17 @@ __all__ = ["HeteroDataLoader", "default_loss", "train_loader"]
 
 
 def train_loader(accelerator: Any, runtime: HeteroRuntime, loader: Any, model: Any,
-                 loss_fn: LossFn | None) -> HeteroDataLoader:
+                 loss_fn: LossFn | None, accumulate: int, seed: int | None = None) -> HeteroDataLoader:
     """The user's training loader, planned by the runtime (probing ``model`` when nothing is configured)."""
     measure = None if model is None else _measure(accelerator, runtime, model, loss_fn)
-    seed = runtime.config.balance.seed if runtime.config.balance.seed is not None else 0
+    if runtime.config.balance.seed is not None:  # the user's seed wins over the framework's
+        seed = runtime.config.balance.seed
+    seed = 0 if seed is None else seed
     # NOTE: the rebuilt loader yields every rank's slice of a step in turn, and Accelerate's
     # BatchSamplerShard deals batch i to rank i mod num_processes: Accelerate keeps its own
     # sharding, device placement, end-of-epoch flag (for accumulate) and set_epoch.
     rebuilt = runtime.train_loader(loader, seed=seed, measure=measure, all_ranks=True,
-                                   accumulate=accelerator.gradient_accumulation_steps)
+                                   accumulate=accumulate)
     return HeteroDataLoader(accelerator.prepare(rebuilt), runtime)
 
 

@@ -85,6 +85,7 @@ class HeteroPlugin:
         self._model: Any = None
         self._pass: tuple[float, bool] | None = None  # inside micro_batches: (loss weight, last pass)
         self._warned_cap = False
+        self._state: SaveStateHook | None = None  # hetero's part of a checkpoint (attach)
 
     # ---- prepare -------------------------------------------------------------------------
     def prepare(self, accelerator: Any, *objects: Any, loss_fn: LossFn | None = None,
@@ -97,25 +98,49 @@ class HeteroPlugin:
         batch sizes nor capacities are configured (default: :func:`default_loss`). ``max_steps``
         is the run's length in optimizer steps, the period of the compression density schedule.
         """
-        check_accelerator(accelerator)
-        if getattr(accelerator, "is_fsdp2", False):
-            check_sharded_config(self.config)  # what FSDP2 cannot do under hetero, before any work
-        check_precision(accelerator, self.config.precision.precision_policy)
-        if self.runtime is not None:
-            raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
         train_index = next((i for i, o in enumerate(objects) if isinstance(o, DataLoader)), None)
         if train_index is None:
             kinds = ", ".join(type(o).__name__ for o in objects) or "nothing"
             raise ConfigError(f"objects=({kinds}) is invalid for HeteroPlugin.prepare: pass the training "
                               "DataLoader (map-style dataset, batch_size=B) together with the model and optimizer")
         train_loader_batch_size(objects[train_index])  # refuse loaders hetero cannot split, before any work
-        runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
-                                info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
-        runtime.check_local_clipping([o for o in objects if isinstance(o, torch.optim.Optimizer)],
-                                     getattr(accelerator, "scaler", None) is not None)  # before any work
-        self.accelerator, self.runtime = accelerator, runtime
+        self.begin(accelerator, [o for o in objects if isinstance(o, torch.optim.Optimizer)])
         rest = [o for i, o in enumerate(objects) if i != train_index]
         prepared = _as_list(accelerator.prepare(*rest)) if rest else []
+        self.attach(prepared, max_steps=max_steps)
+        loader = self.plan_loader(objects[train_index], self._model, loss_fn)
+        if self.config.reliability.checkpoint_dir is not None:
+            self._resume(prepared, loader)
+        prepared.insert(train_index, loader)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    # ---- the parts of prepare, for a framework that prepares its objects itself (HF Trainer) ----
+    def begin(self, accelerator: Any, optimizers: list[Any] = ()) -> HeteroRuntime:
+        """Check the Accelerator and start this plugin's runtime (before anything is prepared)."""
+        check_accelerator(accelerator)
+        if getattr(accelerator, "is_fsdp2", False):
+            check_sharded_config(self.config)  # what FSDP2 cannot do under hetero, before any work
+        check_precision(accelerator, self.config.precision.precision_policy)
+        if self.runtime is not None:
+            raise RuntimeError("HeteroPlugin.prepare was already called; use one plugin per Accelerator")
+        runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
+                                info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
+        runtime.check_local_clipping(list(optimizers), getattr(accelerator, "scaler", None) is not None)
+        self.accelerator, self.runtime = accelerator, runtime
+        return runtime
+
+    def plan_loader(self, loader: DataLoader, model: Any, loss_fn: LossFn | None = None,
+                    accumulate: int | None = None, seed: int | None = None) -> HeteroDataLoader:
+        """The training loader planned and prepared (probing ``model`` when nothing is configured);
+        ``accumulate``: micro-batches per optimizer step (default: the Accelerator's); ``seed``: the
+        shuffle's when the config sets none (default 0)."""
+        if accumulate is None:
+            accumulate = self.accelerator.gradient_accumulation_steps
+        return train_loader(self.accelerator, self.runtime, loader, model, loss_fn, accumulate, seed)
+
+    def attach(self, prepared: list[Any], *, max_steps: int | None = None) -> Any:
+        """Wire the prepared model, optimizers and schedulers to the runtime; returns the model."""
+        accelerator = self.accelerator
         model = next((o for o in prepared if isinstance(o, torch.nn.Module)), None)
         # NOTE: with dynamo_backend / torch.compile Accelerate returns DDP inside an OptimizedModule
         ddp = getattr(model, "_orig_mod", model)
@@ -137,18 +162,15 @@ class HeteroPlugin:
             self.runtime.hybrid.attach(model)
             model.forward = in_phase(self.runtime, "forward", model.forward, model)
         self.runtime.setup_precision(accelerator.device, None if model is None else accelerator.unwrap_model(model))
-        loader = train_loader(accelerator, runtime, objects[train_index], model, loss_fn)
         self._optimizers = wire_steps(prepared, self.runtime, self._after_step, self._gates())
         if fsdp_modules(ddp) and self._optimizers:  # the first optimizer checks once per step
             self._optimizers[0].register_step_pre_hook(self._require_weighed)
-        accelerator.register_for_checkpointing(SaveStateHook(self.runtime, self._optimizers))
+        self._state = SaveStateHook(self.runtime, self._optimizers)
+        accelerator.register_for_checkpointing(self._state)
         if self.runtime.hybrid is not None:  # before save_state writes anything: only where the ranks agree
             accelerator.register_save_state_pre_hook(lambda *_: self.runtime.require_synced("accelerator.save_state"))
         self._model = model
-        if self.config.reliability.checkpoint_dir is not None:
-            self._resume(prepared, loader)
-        prepared.insert(train_index, loader)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return model
 
     def _resume(self, prepared: list[Any], loader: HeteroDataLoader) -> None:
         """Periodic checkpoints of model, optimizers, schedulers and hetero state, and resume="auto"."""
@@ -217,7 +239,13 @@ class HeteroPlugin:
                                   "plugin.micro_batches(batch):` to run it as passes within the cap")
         with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward
             self.accelerator.backward(self.runtime.scale_loss(loss * weight if weight != 1.0 else loss), **kwargs)
-        if last and self._gates() and self.accelerator.sync_gradients:
+        if last:
+            self.backward_done()
+
+    def backward_done(self) -> None:
+        """After the backward that synchronised gradients: take the step's overflow decision now (for a
+        framework that calls ``accelerator.backward`` itself)."""
+        if self._gates() and self.accelerator.sync_gradients:
             self.runtime.check_overflow(p for group in self._param_groups() for p in group["params"])
 
     def _gates(self) -> bool:
@@ -277,6 +305,19 @@ class HeteroPlugin:
         if self.runtime is None:
             raise RuntimeError("HeteroPlugin.summary needs prepare() first")
         return self.runtime.summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        """hetero's part of a checkpoint: every rank's sampler position, residuals and calibration
+        (collective: gathered to every rank; save it from the main process)."""
+        if self._state is None:
+            raise RuntimeError("HeteroPlugin.state_dict needs prepare() first")
+        return self._state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output on every rank (each takes its own part)."""
+        if self._state is None:
+            raise RuntimeError("HeteroPlugin.load_state_dict needs prepare() first")
+        self._state.load_state_dict(state)
 
     @property
     def hook_state(self) -> Any:
