@@ -78,6 +78,11 @@ def _exact(rank, world_size, out_dir):
     accumulated = _trainer(out_dir, {"batch_sizes": [3, 13]}, n=128, gradient_accumulation_steps=2)
     accumulated.train()
     out["accumulated"] = _result(accumulated)
+    try:  # FSDP through TrainingArguments: only a distributed run gets as far as the Accelerator
+        _trainer(out_dir, {"batch_sizes": [3, 13]}, fsdp=True)
+        out["fsdp_error"] = None
+    except Exception as e:  # noqa: BLE001 - the test names what it wants
+        out["fsdp_error"] = f"{type(e).__name__}: {e}"
     return out
 
 
@@ -163,6 +168,11 @@ def test_killed_after_step_5_and_resumed_ends_bitwise_equal(tmp_path):
             assert torch.equal(got["residuals"][key], residual)
         rows = [[row[0] for row in r["hetero"]["balancer"]["pending"]] for r in (whole[rank], resumed[rank])]
         assert rows[0] == list(range(2, STEPS)) and rows[1] == rows[0]
+
+
+def test_fsdp_through_training_arguments_is_refused_with_the_field(exact):
+    for rank in range(2):
+        assert exact[rank]["fsdp_error"].startswith("ConfigError: TrainingArguments(fsdp=...) is invalid"), exact[rank]
 
 
 @pytest.mark.parametrize(("hetero", "kw", "field"), [

@@ -58,7 +58,8 @@ class HeteroTrainer(Trainer):
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
         for flag, field in (("is_deepspeed_enabled", "deepspeed"), ("is_fsdp_enabled", "fsdp")):
-            if getattr(self, flag, False):
+            # NOTE: the arguments too: a process's first Accelerator fixes the distributed type for later ones
+            if getattr(self, flag, False) or getattr(self.args, field, None) not in (None, False, "", []):
                 raise ConfigError(f"TrainingArguments({field}=...) is invalid with HeteroTrainer: it reduces "
                                   "gradients itself, while hetero weights each rank's share in a DDP comm hook. "
                                   f"Drop {field} (plain DDP), or use HeteroPlugin with FSDP2 in an Accelerate loop")
