@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"hybrid"},
     {"runtime"},
     {"lightning", "accelerate", "fabric"},
+    {"transformers"},  # the HF Trainer's adapter calls the Accelerate plugin's parts (the Trainer is Accelerate's)
     {"wizard", "emulate"},
     {"commands"},
     {"cli", "_registration"},

@@ -4,29 +4,11 @@ A thin adapter over :class:`hetero_strategy.runtime.HeteroRuntime`: it wires Acc
 objects (the prepared model, loader, optimizer, scheduler, ``save_state``, trackers) to the
 runtime and decides nothing itself.
 
-Example (``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 train.py`` on
-CPU; on GPUs ``accelerate launch --config_file accelerate.yaml train.py``)::
-
-    accelerator = Accelerator(gradient_accumulation_steps=2)
-    plugin = HeteroPlugin(compression="topk")     # or HeteroPlugin(config="hetero.yaml"); default $HETERO_STRATEGY_CONFIG
-    model, optimizer, loader, scheduler = plugin.prepare(accelerator, model, optimizer, loader, scheduler)
-    for batch in loader:                          # each rank gets its own batch size
-        with accelerator.accumulate(model):
-            loss = model(**batch).loss
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:        # clip the reduced gradient, not a partial one
-                accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step(); scheduler.step(); optimizer.zero_grad()
-
-With ``mode="hybrid"`` (local-SGD phases, docs/hybrid.md) the same loop needs one more line: the
-validation loss, on every rank, after each epoch's loop (the loader joins the ranks at its end)::
-
-    plugin.evaluated(val_loss)                    # the phase schedule (mean over ranks)
+The training loop, with gradient accumulation, hybrid phases and micro-batches: docs/accelerate.md.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,8 +20,14 @@ from torch.utils.data import DataLoader
 
 from hetero_strategy.accelerate.checks import check_accelerator, check_precision, second_hook_error
 from hetero_strategy.accelerate.loader import HeteroDataLoader, LossFn, train_loader
-from hetero_strategy.accelerate.wiring import SaveStateHook, in_phase, state_init_step, wire_steps
-from hetero_strategy.config import CONFIG_ENV, ConfigError, HeteroConfig
+from hetero_strategy.accelerate.wiring import (
+    SaveStateHook,
+    checkpointed_extras,
+    in_phase,
+    state_init_step,
+    wire_steps,
+)
+from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.runtime import HeteroRuntime
 from hetero_strategy.runtime.checkpoint import Checkpointer, Resumed
 from hetero_strategy.runtime.fsdp import check_sharded_config, fsdp_modules
@@ -66,12 +54,7 @@ class HeteroPlugin:
 
     def __init__(self, config: str | Path | HeteroConfig | None = None, *, log_every_n_steps: int = 50,
                  **fields: Any) -> None:
-        if config is None:
-            config = os.environ.get(CONFIG_ENV) or None
-            if config is not None and not Path(config).is_file():
-                raise ConfigError(f"{CONFIG_ENV}={config!r} is invalid: no such file; point it at a hetero YAML "
-                                  "(`hetero-strategy config` writes one) or unset it")
-        self.config = HeteroConfig.resolve(config, fields)
+        self.config = HeteroConfig.from_env(config, fields)
         if isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
             raise ConfigError(f"log_every_n_steps={log_every_n_steps!r} is invalid: must be an integer >= 1")
         self.log_every_n_steps = log_every_n_steps
@@ -174,13 +157,7 @@ class HeteroPlugin:
 
     def _resume(self, prepared: list[Any], loader: HeteroDataLoader) -> None:
         """Periodic checkpoints of model, optimizers, schedulers and hetero state, and resume="auto"."""
-        from accelerate.scheduler import AcceleratedScheduler
-
-        schedulers = [o.scheduler for o in prepared if isinstance(o, AcceleratedScheduler)]
-        stateful = {f"scheduler{i}": s for i, s in enumerate(schedulers)}
-        if getattr(self.accelerator, "scaler", None) is not None:  # its fp16 mixed precision's GradScaler
-            stateful["grad_scaler"] = self.accelerator.scaler
-        self.checkpoints = Checkpointer(self.runtime, stateful=stateful)
+        self.checkpoints = Checkpointer(self.runtime, stateful=checkpointed_extras(self.accelerator, prepared))
         self.resumed = self.checkpoints.resume(self._model, self._optimizers)
         if self.resumed is not None:
             loader.set_epoch(self.resumed.epoch)  # Accelerate's own epoch counter starts there
@@ -211,9 +188,7 @@ class HeteroPlugin:
 
         :meth:`backward` weighs each pass's loss by its n_i / b_r, and only the last pass
         synchronises gradients, so the step stays one process's SGD (docs/fsdp.md, micro-batching)."""
-        if self.runtime is None:
-            raise RuntimeError("HeteroPlugin.micro_batches needs prepare() first")
-        passes = list(self.runtime.micro_batches(batch, self._model))
+        passes = list(self._need("micro_batches").micro_batches(batch, self._model))
         try:
             for i, (micro, context) in enumerate(passes):
                 self._pass = (micro.weight, i == len(passes) - 1)
@@ -230,13 +205,11 @@ class HeteroPlugin:
         right away, so clipping by value before ``optimizer.step()`` cannot hide an inf.
         """
         weight, last = self._pass or (1.0, True)
-        if self._pass is None and not self._warned_cap and self.runtime is not None:
-            cap = self.runtime.pass_cap
-            if cap is not None and self.runtime.local_batch > cap:
-                self._warned_cap = True
-                self.runtime.warn(f"hetero: rank {self.runtime.rank}'s share {self.runtime.local_batch} exceeds its "
-                                  f"memory cap {cap} and runs in one pass; iterate `for micro in "
-                                  "plugin.micro_batches(batch):` to run it as passes within the cap")
+        cap = None if self._pass is not None or self._warned_cap else self._need("backward").pass_cap
+        if cap is not None and self.runtime.local_batch > cap:
+            self._warned_cap = True
+            self.runtime.warn(f"hetero: rank {self.runtime.rank}'s share {self.runtime.local_batch} exceeds its memory "
+                              f"cap {cap} and runs in one pass; iterate `for micro in plugin.micro_batches(batch):`")
         with self.runtime.phase("exchange"):  # the comm hook's exchange runs inside backward
             self.accelerator.backward(self.runtime.scale_loss(loss * weight if weight != 1.0 else loss), **kwargs)
         if last:
@@ -246,15 +219,12 @@ class HeteroPlugin:
         """After the backward that synchronised gradients: take the step's overflow decision now (for a
         framework that calls ``accelerator.backward`` itself)."""
         if self._gates() and self.accelerator.sync_gradients:
-            self.runtime.check_overflow(p for group in self._param_groups() for p in group["params"])
+            self.runtime.check_overflow(p for opt in self._optimizers for g in opt.param_groups for p in g["params"])
 
     def _gates(self) -> bool:
         """Whether hetero decides if a step goes ahead: not when Accelerate's GradScaler (its fp16
         mixed precision) does, since clearing an overflowed gradient would hide it from the scaler."""
         return self.runtime.precision is not None or getattr(self.accelerator, "scaler", None) is None
-
-    def _param_groups(self) -> list[dict]:
-        return [g for opt in self._optimizers for g in opt.param_groups]
 
     def _after_step(self) -> None:
         self.runtime.step_end()
@@ -269,17 +239,13 @@ class HeteroPlugin:
             self.accelerator.log(self.last_metrics, step=step)
 
     def join(self) -> None:
-        """mode="hybrid": this rank's data is over (collective: every rank calls it). The training
-        loader calls it at each epoch's end; call it yourself after leaving the loop early (a
-        step budget), before anything collective. Then every rank holds the same model."""
-        if self.runtime is None:
-            raise RuntimeError("HeteroPlugin.join needs prepare() first")
-        self.runtime.join()
+        """mode="hybrid": this rank's data is over (collective; the loader calls it at each epoch's end,
+        call it after leaving the loop early). Then every rank holds the same model."""
+        self._need("join").join()
 
     def evaluated(self, val_loss: float) -> bool:
-        """mode="hybrid": the validation loss, on every rank, after an epoch's loop: the ranks join
-        (if the loop ended early) and the phase schedule takes the mean over ranks (collective).
-        True when the phase changed; a no-op in ``mode="sync"``."""
+        """mode="hybrid": the validation loss on every rank after an epoch (collective: the phase schedule
+        takes the mean over ranks). True when the phase changed; a no-op in ``mode="sync"``."""
         self.join()
         return self.runtime.evaluated(val_loss)
 
@@ -295,29 +261,27 @@ class HeteroPlugin:
 
     def metrics(self) -> dict[str, float]:
         """The latest per-rank figures (collective: call it on every rank at the same point)."""
-        if self.runtime is None:
-            raise RuntimeError("HeteroPlugin.metrics needs prepare() first")
-        self.last_metrics = self.runtime.metrics()
+        self.last_metrics = self._need("metrics").metrics()
         return self.last_metrics
 
     def summary(self) -> dict[str, Any]:
         """The run so far: batch split, global samples/s, balance, wire bytes per step (collective)."""
-        if self.runtime is None:
-            raise RuntimeError("HeteroPlugin.summary needs prepare() first")
-        return self.runtime.summary()
+        return self._need("summary").summary()
 
     def state_dict(self) -> dict[str, Any]:
-        """hetero's part of a checkpoint: every rank's sampler position, residuals and calibration
-        (collective: gathered to every rank; save it from the main process)."""
-        if self._state is None:
-            raise RuntimeError("HeteroPlugin.state_dict needs prepare() first")
+        """hetero's part of a checkpoint, every rank's (collective; save it from the main process)."""
+        self._need("state_dict")
         return self._state.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output on every rank (each takes its own part)."""
-        if self._state is None:
-            raise RuntimeError("HeteroPlugin.load_state_dict needs prepare() first")
+        self._need("load_state_dict")
         self._state.load_state_dict(state)
+
+    def _need(self, method: str) -> HeteroRuntime:
+        if self.runtime is None or (self._state is None and method.endswith("state_dict")):
+            raise RuntimeError(f"HeteroPlugin.{method} needs prepare() first")
+        return self.runtime
 
     @property
     def hook_state(self) -> Any:

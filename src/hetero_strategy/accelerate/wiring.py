@@ -12,7 +12,7 @@ import torch
 from hetero_strategy.precision.scaler import CoordinatedScaler
 from hetero_strategy.runtime import HeteroRuntime
 
-__all__ = ["SaveStateHook", "in_phase", "state_init_step", "wire_steps"]
+__all__ = ["SaveStateHook", "checkpointed_extras", "in_phase", "state_init_step", "wire_steps"]
 
 
 class SaveStateHook:
@@ -116,3 +116,15 @@ def _gate_step(accelerated: Any, runtime: HeteroRuntime, after_step: Callable[[]
             after_step()  # skipped on every rank: the step still ended
 
     inner.step = step
+
+
+def checkpointed_extras(accelerator: Any, prepared: list[Any]) -> dict[str, Any]:
+    """What hetero's own checkpoints hold beside model and optimizers: the prepared schedulers, and
+    the GradScaler of Accelerate's fp16 mixed precision."""
+    from accelerate.scheduler import AcceleratedScheduler
+
+    schedulers = [o.scheduler for o in prepared if isinstance(o, AcceleratedScheduler)]
+    stateful = {f"scheduler{i}": s for i, s in enumerate(schedulers)}
+    if getattr(accelerator, "scaler", None) is not None:
+        stateful["grad_scaler"] = accelerator.scaler
+    return stateful

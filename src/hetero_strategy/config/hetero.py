@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
-from hetero_strategy.config.errors import ConfigError, _fail, shown
+from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, _fail, shown
 from hetero_strategy.config.files import read_yaml, write_atomic
 from hetero_strategy.config.hybrid import HybridConfig
 from hetero_strategy.config.precision import PrecisionConfig
@@ -119,6 +119,17 @@ class HeteroConfig:
         if isinstance(config, HeteroConfig):
             return config.replace(**flat)
         _fail("config", config, "pass a HeteroConfig or the path of a YAML file")
+
+    @classmethod
+    def from_env(cls, config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> HeteroConfig:
+        """:meth:`resolve`, where None means the YAML named by ``$HETERO_STRATEGY_CONFIG`` (the wizard's
+        launch line sets it), else the defaults."""
+        if config is None:
+            config = os.environ.get(CONFIG_ENV) or None
+            if config is not None and not os.path.isfile(config):
+                _fail(CONFIG_ENV, config, "no such file; point it at a hetero YAML (`hetero-strategy config` "
+                      "writes one) or unset it")
+        return cls.resolve(config, flat)
 
     @classmethod
     def from_keywords(cls, config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:

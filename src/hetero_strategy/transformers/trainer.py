@@ -33,12 +33,12 @@ class HeteroTrainer(Trainer):
     and every optimizer step equals one process's step on G (also with
     ``gradient_accumulation_steps``). The loss must be a per-batch mean (the model's default):
     ranks are weighted by samples, so the Trainer's token count (``num_items_in_batch``) is not used.
+    Every other argument is the ``Trainer``'s.
 
     Args:
         hetero: the plugin's settings: a dict of :class:`HeteroPlugin` keywords
             (``{"batch_sizes": [3, 13]}``), a :class:`HeteroConfig`, or a YAML path; None reads
             ``$HETERO_STRATEGY_CONFIG``, else defaults.
-        *args, **kwargs: the ``Trainer``'s.
     """
 
     def __init__(self, *args: Any, hetero: dict[str, Any] | HeteroConfig | str | Path | None = None,
