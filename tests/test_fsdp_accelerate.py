@@ -13,10 +13,10 @@ from oracle import make_data, one_process_sgd
 SCRIPT = Path(__file__).parent / "scripts" / "accel_fsdp.py"
 
 
-def _launch(cmd: list[str], out: Path, env: dict) -> list[dict]:
+def _launch(cmd: list[str], out: Path, env: dict, world: int = 2) -> list[dict]:
     code, log = run_command(cmd, env=env, timeout=240)
     assert code == 0, log[-6000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
 @pytest.fixture(scope="module", params=["torchrun", "accelerate_launch"])
@@ -84,3 +84,14 @@ def test_a_loss_not_weighted_by_the_plugin_is_refused(ranks):
 
 def test_the_plugin_runs_fsdp_version_2(ranks):
     assert all(r["fsdp_version"] == 2 for r in ranks)
+
+
+def test_three_ranks_of_unequal_batches_equal_one_process(tmp_path):
+    """2/3/4 of a global batch of 9 (DataLoader batch_size 3) on 3 ranks of Accelerate's FSDP2."""
+    env = launch_env()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
+           "--master-port", env["MASTER_PORT"], str(SCRIPT), str(tmp_path)]
+    oracle = one_process_sgd(make_data(80), 9, 8)
+    for r, size in zip(_launch(cmd, tmp_path, env, world=3), (2, 3, 4), strict=True):
+        assert r["plain"]["sharded"] == "DTensor" and r["plain"]["seen"] == [size] * 8
+        _close(r["plain"]["weights"], oracle)

@@ -1,6 +1,7 @@
 """HeteroPlugin on Accelerate's FSDP2 for tests/test_fsdp_accelerate.py, under torchrun (2 gloo ranks).
 
     torchrun --nproc-per-node 2 accel_fsdp.py OUT_DIR
+    torchrun --nproc-per-node 3 accel_fsdp.py OUT_DIR     # 2/3/4 of a global batch of 9, plain steps only
     accelerate launch --config_file accelerate.yaml accel_fsdp.py OUT_DIR   # the wizard's FSDP2 file
 
 NOTE: Accelerate 1.16 turns FullyShardedDataParallelPlugin into DistributedType.FSDP only for
@@ -45,14 +46,16 @@ def cpu_fsdp2(accumulate: int = 1) -> Accelerator:
 
 
 def fit(steps: int, accumulate: int = 1, weighted: bool = True, micro: bool = False, momentum: float = 0.0,
-        save_state: Path | None = None, load_state: Path | None = None, **fields) -> dict:
+        save_state: Path | None = None, load_state: Path | None = None, batch_sizes: tuple = (3, 5),
+        **fields) -> dict:
     """``steps`` optimizer steps in all (a resumed run goes on from where its checkpoint stood);
     ``save_state``/``load_state``: Accelerate's own checkpoint at the end / after prepare."""
     accelerator = cpu_fsdp2(accumulate)
     net = make_net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
-    plugin = HeteroPlugin(batch_sizes=[3, 5], **fields)
-    model, opt, loader = plugin.prepare(accelerator, net, opt, DataLoader(make_data(80), batch_size=4))
+    plugin = HeteroPlugin(batch_sizes=list(batch_sizes), **fields)
+    mean = sum(batch_sizes) // len(batch_sizes)
+    model, opt, loader = plugin.prepare(accelerator, net, opt, DataLoader(make_data(80), batch_size=mean))
     if load_state is not None:
         accelerator.load_state(str(load_state))
     seen, done = [], plugin.runtime.steps
@@ -80,6 +83,11 @@ def fit(steps: int, accumulate: int = 1, weighted: bool = True, micro: bool = Fa
 
 def main() -> None:
     out_dir = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])  # set by torchrun and by accelerate launch
+    if int(os.environ["WORLD_SIZE"]) == 3:
+        torch.save({"plain": fit(8, batch_sizes=(2, 3, 4))}, out_dir / f"rank{rank}.pt")
+        torch.distributed.destroy_process_group()
+        return
     # rank 1's share of 5 as passes of 2, 2 and 1 (cap 2), alone and under accumulation
     result = {"plain": fit(8), "accumulate": fit(4, accumulate=2),
               "micro": fit(8, micro=True, max_batch_sizes=[8, 2]),
@@ -94,7 +102,6 @@ def main() -> None:
     fit(4, momentum=0.9, save_state=out_dir / "state")
     result["load_state"] = fit(8, momentum=0.9, load_state=out_dir / "state")
     result["fsdp_version"] = cpu_fsdp2().state.fsdp_plugin.fsdp_version
-    rank = torch.distributed.get_rank()
     torch.save(result, out_dir / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
