@@ -9,4 +9,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages("src") + ["hetero_strategy.triton_kernels"],
     package_dir={"": "src", "hetero_strategy.triton_kernels": "triton_kernels"},
+    package_data={"hetero_strategy.cluster": ["cards.yaml"]},  # the known-card table (cluster/cards.py)
 )

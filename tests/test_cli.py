@@ -11,7 +11,7 @@ import pytest
 def test_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "hetero_strategy.cli", "--help"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    for name in ("demo", "emulate", "profile", "bench", "config", "check"):
+    for name in ("demo", "emulate", "profile", "bench", "config", "check", "plan"):
         assert name in out
 
 

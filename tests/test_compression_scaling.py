@@ -1,4 +1,4 @@
-"""The wire model of each codec (hooks/wire_model.py) by hand, against what the hooks count on two
+"""The wire model of each codec (cluster/wire.py) by hand, against what the hooks count on two
 loopback ranks, and the scaling bench's summary on a hand-made measurement."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 from dist_utils import init_gloo, run_distributed
 
-from hetero_strategy.hooks.wire_model import bytes_per_rank
+from hetero_strategy.cluster.wire import bytes_per_rank
 
 SHAPES = [[(100, 50), (50,)]]  # one bucket: a 5000-entry matrix and its 50-entry bias
 

@@ -4,7 +4,7 @@
    W = 2, 4 and 8 ranks of the emulated cluster (one network namespace and veth per rank, so each
    rank's interface transmit counter is its own), on the time-to-accuracy CNN. Compute speed does
    not change bytes, so every rank gets a whole core's quota and the links 1 Gbit/s.
-2. Modelled: :func:`hetero_strategy.hooks.wire_model.bytes_per_rank` from the CNN's parameter
+2. Modelled: :func:`hetero_strategy.cluster.wire.bytes_per_rank` from the CNN's parameter
    shapes, with the transport's two numbers (bytes per payload byte, bytes per message) fitted on
    dense fp32 and PowerSGD at the smallest W, for W = 2 … 1024; its error against every other
    measured point.
@@ -60,7 +60,7 @@ def _measure(world: int, steps: int, link: str, tmp: str, model: str) -> dict:
 def summarise(measured: dict[int, dict], buckets: list[list[tuple[int, ...]]], density: float = 0.01,
               powersgd_rank: int = 4) -> dict:
     """Measured means over ranks, the framed model at every world size, the model's errors."""
-    from hetero_strategy.hooks.wire_model import bytes_per_rank
+    from hetero_strategy.cluster.wire import bytes_per_rank
 
     shapes = buckets
     codecs = list(next(iter(measured.values())))
@@ -90,7 +90,7 @@ def fit_transport(got: dict, shapes: list[list[tuple[int, ...]]], world: int, de
                   powersgd_rank: int) -> tuple[float, float]:
     """(framing, per_message) solving the model = the measurement for dense (payload-heavy) and
     PowerSGD (message-heavy) at ``world``; framing alone from dense when PowerSGD was not run."""
-    from hetero_strategy.hooks.wire_model import bytes_per_rank
+    from hetero_strategy.cluster.wire import bytes_per_rank
 
     def parts(c: str) -> tuple[float, float]:  # (payload bytes, messages) per rank and step
         kw = dict(density=density, powersgd_rank=powersgd_rank)
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                   "fallback), powersgd (torch's hook, rank 4, one bucket)",
         "measured": f"interface transmit bytes per rank per step, mean over ranks, {args.steps} steps after "
                     f"warm-up; W = {sorted(measured)} on the emulated cluster, {args.link} links",
-        "model": "hooks/wire_model.bytes_per_rank with framing_factor and per_message_bytes fitted on dense and "
+        "model": "cluster/wire.bytes_per_rank with framing_factor and per_message_bytes fitted on dense and "
                  "powersgd at the smallest W",
     }
     out.write_text(json.dumps(result, indent=2))

@@ -12,7 +12,7 @@ import sys
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS: list[str] = ["demo", "emulate", "profile", "bench", "config", "check"]
+COMMANDS: list[str] = ["demo", "emulate", "profile", "bench", "config", "check", "plan"]
 
 
 def build_parser() -> argparse.ArgumentParser:

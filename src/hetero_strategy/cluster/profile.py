@@ -34,7 +34,7 @@ from hetero_strategy.cluster.devices import DeviceInfo, describe_device, trainin
 from hetero_strategy.cluster.tiers import classify_tier
 from hetero_strategy.config.errors import shown
 
-__all__ = ["SCHEMA", "ProfileInputs", "load_profile", "run_profile", "save_profile"]
+__all__ = ["SCHEMA", "ProfileInputs", "load_profile", "read_profile", "run_profile", "save_profile"]
 
 SCHEMA = "hetero_strategy.cluster_profile/1"
 
@@ -103,7 +103,21 @@ def save_profile(profile: dict[str, Any], path: str | Path) -> None:
 
 
 def load_profile(path: str | Path) -> ProfileInputs:
-    """Read a profile JSON and return the planner's inputs.
+    """Read a profile JSON and return the balance planner's inputs.
+
+    Raises:
+        ConfigError: as :func:`read_profile`.
+    """
+    ranks = read_profile(path)
+    bw = [r.get("bandwidth_gbit_s") for r in ranks]
+    if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
+        bw = [1.0] * len(ranks)
+    return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks],
+                         bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
+
+
+def read_profile(path: str | Path) -> list[dict[str, Any]]:
+    """A profile JSON's rank entries, checked and sorted by rank (the raw measurements).
 
     Raises:
         ConfigError: ``profile='<path>' is invalid: ...`` naming what is wrong (unreadable, not
@@ -133,12 +147,7 @@ def load_profile(path: str | Path) -> ProfileInputs:
     why = _rank_problem(ranks)
     if why:
         raise refuse(why)
-    ranks = sorted(ranks, key=lambda r: r["rank"])
-    bw = [r.get("bandwidth_gbit_s") for r in ranks]
-    if any(b is None for b in bw):  # single-process profile: no link measured, so no link preference
-        bw = [1.0] * len(ranks)
-    return ProfileInputs(compute=[float(r["compute_score"]) for r in ranks],
-                         bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
+    return sorted(ranks, key=lambda r: r["rank"])
 
 
 def _rank_problem(ranks: list[Any]) -> str | None:

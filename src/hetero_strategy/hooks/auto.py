@@ -6,11 +6,10 @@ bandwidth and the latency of a one-entry all-reduce), and each codec's own work 
 PowerSGD matrix work on *this model's* matrices at each rank). The slowest rank's figure counts,
 so every rank computes the same table and takes the same decision.
 
-Per candidate, the predicted seconds of communication per step are::
-
-    wire bytes per rank / (bandwidth x 2(W-1)/W)  +  collectives x latency  +  codec work
-
-with the wire bytes of :mod:`.wire_model` (the bytes ``bench compression-scaling`` checks). A
+Per candidate, the predicted seconds of communication per step are the cost model's
+(:func:`~hetero_strategy.cluster.cost.exchange_seconds`: α–β per collective, on the bytes of
+:mod:`~hetero_strategy.cluster.wire` that ``bench compression-scaling`` checks) plus the codec's
+work. A
 lossy codec also needs more steps to reach the same accuracy: :data:`STEP_FACTORS` holds steps to
 target relative to dense, measured by ``bench compression``. The decision minimises::
 
@@ -41,10 +40,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
+from hetero_strategy.cluster.cost import Link, exchange_seconds
 from hetero_strategy.config import TIERS
 from hetero_strategy.dist import all_gather_floats, allreduce_seconds, device_for, measure_bandwidth_gbps
 from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
-from hetero_strategy.hooks.wire_model import bytes_per_rank, collectives
 
 __all__ = ["CANDIDATES", "STEP_FACTORS", "AutoDecision", "AutoMeasurement", "Candidate", "buckets_of", "choose",
            "measure"]
@@ -217,18 +216,16 @@ def measure(process_group, shapes: Sequence[Sequence[int]], backend: str = "auto
 
 
 def predict_seconds(c: Candidate, buckets: list[list[tuple[int, ...]]], world: int, m: AutoMeasurement) -> float:
-    """Predicted seconds of communication and codec work per step for candidate ``c``."""
+    """Predicted seconds of communication and codec work per step for candidate ``c`` (the cost
+    model's :func:`~hetero_strategy.cluster.cost.exchange_seconds` on the measured link)."""
     density, rank = c.density or 0.01, c.rank or 4
     numel = sum(math.prod(s) for b in buckets for s in b)
-    sent = bytes_per_rank(c.codec, buckets, world, density=density, powersgd_rank=rank)
-    send_rate = m.link_bytes_per_s * 2 * (world - 1) / world  # bytes a rank sends per second in a ring
-    if c.codec == "fp16":  # its all-reduce as measured against an fp32 one (half the bytes, maybe slower sums)
-        sent = bytes_per_rank("dense", buckets, world) * m.fp16_time_ratio
-    calls = sum(len(collectives(c.codec, b, world, density, rank)) for b in buckets)
+    link = Link.from_allreduce(m.link_bytes_per_s, world, m.latency_s)
+    wire = exchange_seconds(c.codec, buckets, world, link, density, rank, half_time_ratio=m.fp16_time_ratio)
     work = {"dense": 0.0, "fp16": m.cast_s_per_entry * numel,
             "powersgd": m.powersgd_s.get(rank, 0.0),
             "topk_allreduce": m.topk_s_per_entry.get(density, 0.0) * numel}[c.codec]
-    return sent / send_rate + calls * m.latency_s + work
+    return wire + work
 
 
 def choose(m: AutoMeasurement, buckets: list[list[tuple[int, ...]]], world: int, tiers: list[str],

@@ -37,10 +37,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.cluster.wire import wire_entries
 from hetero_strategy.config import CompressionConfig
 from hetero_strategy.dist import device_for
 from hetero_strategy.hooks import communicator as comm
-from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost, wire_entries
+from hetero_strategy.hooks.cost import CompressionCost, measure_compression_cost
 from hetero_strategy.hooks.hierarchy import build_fast_groups
 from hetero_strategy.hooks.memory import ResidualMemory
 from hetero_strategy.hooks.schedule import DensitySchedule

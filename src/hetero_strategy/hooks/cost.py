@@ -10,7 +10,8 @@ per rank moves as much per link as an all-reduce of ``p W / 2``). Top-K pays whe
 
 With indices shared by every rank (``topk_allreduce``) the sparse wire is one all-reduce of
 ``cap`` values and one broadcast of ``cap`` indices, ``1.5 cap`` in place of ``cap W``
-(:func:`wire_entries`).
+(:func:`~hetero_strategy.cluster.wire.wire_entries`). The test itself is the cost model's
+(:func:`~hetero_strategy.cluster.cost.sparse_pays`); this module measures its two inputs.
 
 On a fast link (NVLink, loopback, a fast NIC next to a slow CPU) the codec alone is slower than
 sending the entries, and the hook sends the parameter densely instead: asking for compression
@@ -31,25 +32,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hetero_strategy.cluster.cost import Link, sparse_pays
 from hetero_strategy.dist import measure_bandwidth_gbps
 from hetero_strategy.hooks.codecs import TopKCodec, ef_accumulate_
 from hetero_strategy.hooks.exchange import nonfinite_marker
 
-__all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost",
-           "wire_entries"]
+__all__ = ["CodecWork", "CompressionCost", "measure_codec_seconds_per_entry", "measure_compression_cost"]
 
 _PROBE_NUMEL = 1 << 20  # one probe bucket: large enough that per-call overheads amortise
-
-
-def wire_entries(capacity: int, world: int, shared: bool = False) -> float:
-    """A sparse exchange's size in dense-all-reduce entries (the same time at the same bandwidth).
-
-    An all-gather of ``capacity`` values + indices per rank moves as much per link as an
-    all-reduce of ``capacity * world`` entries; with shared indices, the all-reduce of ``capacity``
-    values plus the broadcast of ``capacity`` indices (half an all-reduce's traffic) is
-    ``1.5 * capacity``, whatever the world size.
-    """
-    return 1.5 * capacity if shared else float(capacity * world)
 
 
 @dataclass(frozen=True)
@@ -64,9 +54,8 @@ class CompressionCost:
     def sparse_pays(self, numel: int, capacity: int, world: int, shared: bool = False) -> bool:
         """Whether sending ``capacity`` entries per rank beats a dense all-reduce of ``numel``
         (``shared``: at indices every rank shares, ``topk_allreduce``)."""
-        dense = 4.0 * numel / self.link_bytes_per_s
-        sparse = self.codec_s_per_entry * numel + 4.0 * wire_entries(capacity, world, shared) / self.link_bytes_per_s
-        return sparse < dense
+        return sparse_pays(numel, capacity, world, Link.from_allreduce(self.link_bytes_per_s, world),
+                           self.codec_s_per_entry, shared)
 
     def describe(self) -> str:
         return (f"link {self.link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, codec {self.codec_s_per_entry * 1e9:.3g} ns "

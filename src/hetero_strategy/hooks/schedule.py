@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hetero_strategy.cluster.wire import topk_k
+
 __all__ = ["DensitySchedule"]
 
 
@@ -56,10 +58,5 @@ class DensitySchedule:
 
     @staticmethod
     def k_for(numel: int, density: float) -> int:
-        """ceil(density x numel), at least 1 for a non-empty tensor; 0 for density 0 (a skipped step).
-
-        Non-decreasing in density, so the largest k over ranks is the k of the largest density.
-        """
-        if numel == 0 or density <= 0.0:
-            return 0
-        return min(numel, max(1, math.ceil(density * numel)))
+        """ceil(density x numel), at least 1 for a non-empty tensor (:func:`~hetero_strategy.cluster.wire.topk_k`)."""
+        return topk_k(numel, density)

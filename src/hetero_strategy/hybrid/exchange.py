@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.hooks.cost import wire_entries
+from hetero_strategy.cluster.wire import wire_entries
 from hetero_strategy.hooks.topk_ef import TopKPlan, TopKState, topk_ef_exchange
 
 __all__ = ["DeltaExchange"]

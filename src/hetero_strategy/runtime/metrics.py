@@ -1,7 +1,7 @@
 """The figures of a run, one definition each: step time, balance, ideal throughput, fast-rank idle.
 
 The runtime's timer, ``hetero-strategy demo`` and every benchmark compute them here (pure
-functions of measured times; standard library only).
+functions of measured times; the ideal is the cost model's, :mod:`hetero_strategy.cluster.cost`).
 
 Definitions, for ranks r = 1..W with batch b_r, global batch G = Σ b_r:
 
@@ -36,6 +36,8 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
+from hetero_strategy.cluster.cost import ideal_samples_per_s
+
 __all__ = ["balance", "fast_rank", "fast_rank_idle", "ideal_samples_per_s", "idle_fraction", "median_step"]
 
 
@@ -48,11 +50,6 @@ def balance(compute_s: Sequence[float]) -> float:
     """1 - (max c - min c) / max c over per-rank compute times (1.0 when all are zero)."""
     hi = max(compute_s)
     return 1.0 - (hi - min(compute_s)) / hi if hi > 0 else 1.0
-
-
-def ideal_samples_per_s(global_batch: int, solo_samples_per_s: Sequence[float], t_ar_s: float) -> float:
-    """G / (G / Σ s_r + t_ar): the throughput of a perfectly balanced step that hides no communication."""
-    return global_batch / (global_batch / sum(solo_samples_per_s) + t_ar_s)
 
 
 def fast_rank(compute_s: Sequence[float], batch_sizes: Sequence[int]) -> int:

@@ -1,5 +1,8 @@
 """Bytes a rank sends per step under each codec, from the model's parameter shapes and the world size.
 
+Part of the cost model (with :mod:`.cost`, the seconds): the hooks, ``compression="auto"``, the
+planner and ``bench compression-scaling`` all count bytes here.
+
 The collectives move, per rank (what gloo's and NCCL's ring algorithms send):
 
 * an all-reduce of B bytes: 2·(W−1)/W · B;
@@ -7,7 +10,7 @@ The collectives move, per rank (what gloo's and NCCL's ring algorithms send):
 * a broadcast of B bytes, averaged over the ranks (the root sends it, in turn): (W−1)/W · B.
 
 Per codec, in the steady state (after warm-up, between dense syncs), with k = ⌈density·n⌉ per
-parameter and the hooks' own sparse-or-dense rule (:func:`~hetero_strategy.hooks.cost.wire_entries`):
+parameter and the hooks' own sparse-or-dense rule (:func:`wire_entries`):
 
 * ``dense`` — all-reduce of 4n; ``fp16`` / ``bf16`` — all-reduce of 2n;
 * ``topk`` — all-gather of 8k (fp32 value + int32 index) per sparse parameter, all-reduce of the
@@ -34,12 +37,41 @@ from collections.abc import Sequence
 
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-from hetero_strategy.hooks.cost import wire_entries
-from hetero_strategy.hooks.schedule import DensitySchedule
-
-__all__ = ["CODECS", "bytes_per_rank", "collectives"]
+__all__ = ["CODECS", "bytes_per_rank", "collectives", "ring_traffic", "topk_k", "wire_entries"]
 
 CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd")
+
+
+def topk_k(numel: int, density: float) -> int:
+    """ceil(density x numel), at least 1 for a non-empty tensor; 0 for density 0 (a skipped step).
+
+    Non-decreasing in density, so the largest k over ranks is the k of the largest density.
+    """
+    if numel == 0 or density <= 0.0:
+        return 0
+    return min(numel, max(1, math.ceil(density * numel)))
+
+
+def wire_entries(capacity: int, world: int, shared: bool = False) -> float:
+    """A sparse exchange's size in dense-all-reduce entries (the same time at the same bandwidth).
+
+    An all-gather of ``capacity`` values + indices per rank moves as much per link as an
+    all-reduce of ``capacity * world`` entries; with shared indices, the all-reduce of ``capacity``
+    values plus the broadcast of ``capacity`` indices (half an all-reduce's traffic) is
+    ``1.5 * capacity``, whatever the world size.
+    """
+    return 1.5 * capacity if shared else float(capacity * world)
+
+
+def ring_traffic(kind: str, world: int) -> tuple[float, float]:
+    """(bytes sent per payload byte, messages sent) by one rank in one collective of ``kind``:
+    ``all_reduce`` (ring: 2(W-1)/W, 2(W-1)), ``all_gather`` (payload per rank: W-1, W-1) or
+    ``broadcast`` (averaged over the ranks, the root in turn: (W-1)/W, (W-1)/W)."""
+    if world < 2:
+        return 0.0, 0.0
+    return {"all_reduce": (2 * (world - 1) / world, 2 * (world - 1)),
+            "all_gather": (world - 1, world - 1),
+            "broadcast": ((world - 1) / world, (world - 1) / world)}[kind]
 
 
 def collectives(codec: str, shapes: Sequence[Sequence[int]], world: int, density: float = 0.01,
@@ -59,7 +91,7 @@ def collectives(codec: str, shapes: Sequence[Sequence[int]], world: int, density
     shared = codec == "topk_allreduce"
     sparse_k, dense_n = [], []
     for n in sizes:
-        k = DensitySchedule.k_for(n, density)
+        k = topk_k(n, density)
         if wire_entries(k, world, shared) >= n:  # the hooks send this parameter dense
             dense_n.append(n)
         else:
@@ -88,14 +120,10 @@ def bytes_per_rank(codec: str, buckets: Sequence[Sequence[Sequence[int]]], world
     """
     if world < 2:
         return 0.0
-    # per rank: (bytes per payload byte, messages) of each collective kind
-    per_kind = {"all_reduce": (2 * (world - 1) / world, 2 * (world - 1)),
-                "all_gather": (world - 1, world - 1),
-                "broadcast": ((world - 1) / world, (world - 1) / world)}
     total = 0.0
     for shapes in buckets:
         for kind, payload in collectives(codec, shapes, world, density, powersgd_rank):
-            factor, messages = per_kind[kind]
+            factor, messages = ring_traffic(kind, world)
             total += framing * factor * payload + per_message * messages
     return total
 

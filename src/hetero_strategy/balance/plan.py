@@ -1,0 +1,182 @@
+"""Predict a cluster's step time before launch, per method (``hetero-strategy plan``; docs/planner.md).
+
+Per rank r: samples/s = efficiency x peak TFLOP/s / FLOPs per sample, plus the node's fixed cost,
+as the probe's affine :class:`~hetero_strategy.balance.probe.StepCost`. Per method:
+
+* ``ddp``: equal batches, dense all-reduce;
+* ``ddp_powersgd``: equal batches, torch's PowerSGD at rank 4;
+* ``hetero``: batches from :func:`~hetero_strategy.balance.shares.split_batch_timed`, dense;
+* ``hetero_auto``: the same split, with the codec ``compression="auto"`` picks
+  (:func:`hetero_strategy.hooks.auto.choose`) for the measurement this cluster would give, its
+  work counted in each rank's fixed cost (as the probe counts it).
+
+Every time comes from the cost model (:mod:`hetero_strategy.cluster.cost`): the slowest rank's
+compute and codec work, plus the exchange backward does not hide.
+
+Example::
+
+    result = plan(read_cluster(["cluster.yaml"]), describe_model("resnet50"), global_batch=256)
+    result["methods"]["hetero"]["samples_per_s"]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from hetero_strategy.balance.probe import StepCost
+from hetero_strategy.balance.shares import split_batch, split_batch_timed
+from hetero_strategy.cluster.cost import effective_link, exchange_seconds, step_seconds
+from hetero_strategy.cluster.model import ModelCost
+from hetero_strategy.cluster.spec import PlanCluster, RankDevice
+from hetero_strategy.cluster.wire import bytes_per_rank
+from hetero_strategy.hooks.auto import STEP_FACTORS, AutoMeasurement, Candidate, buckets_of, choose
+
+__all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "MethodPlan", "plan", "plan_methods", "scale"]
+
+METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
+
+#: Memory traffic per gradient entry of the codecs' element-wise work, which memory bandwidth
+#: bounds: Top-K with error feedback reads the gradient and residual, writes the accumulator,
+#: reads it for the non-finite marker and the selection passes, and writes the residual (~10 x 4 B);
+#: the fp16 cast reads 4 B, writes 2, and back (12 B).
+CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "fp16": 12.0}
+
+
+@dataclass
+class MethodPlan:
+    batch_sizes: list[int]
+    codec: str
+    compute_s: float
+    """The slowest rank's forward, backward and codec work."""
+    comm_s: float
+    step_s: float
+    samples_per_s: float
+    bytes_per_rank: float
+    step_factor: float = 1.0
+    """Steps to the same accuracy relative to dense (``compression="auto"``'s table)."""
+
+
+def _costs(cluster: PlanCluster, model: ModelCost) -> list[StepCost]:
+    return [StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s) for r in cluster.ranks]
+
+
+def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float) -> float:
+    """One rank's codec work per step (bound by its memory bandwidth, or PowerSGD's fp32 matmuls)."""
+    if c.codec == "powersgd":
+        return _powersgd_flops(model, c.rank or 4) / (efficiency * r.fp32_tflops * 1e12)
+    return CODEC_BYTES_PER_ENTRY.get(c.codec, 0.0) * model.parameters / (r.memory_gbps * 1e9)
+
+
+def _powersgd_flops(model: ModelCost, rank: int) -> float:
+    """M Q, M^T P and the error M - P Q^T on each matrix PowerSGD compresses: 6 x rows x cols x r."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    total = 0.0
+    for s in model.shapes:
+        rows = s[0] if s else 1
+        cols = math.prod(s) // max(rows, 1)
+        r = min(rank, rows, cols)
+        if _should_compress(rows, cols, r, 2)[0]:
+            total += 6.0 * rows * cols * r
+    return total
+
+
+def _measurement(cluster: PlanCluster, model: ModelCost) -> AutoMeasurement:
+    """What ``compression="auto"`` would measure on this cluster: the all-reduce as a flat ring,
+    the slowest rank's codec work."""
+    link, w = effective_link(cluster.topology), cluster.world
+    factor = 2 * (w - 1) / w
+    n, eff = max(model.parameters, 1), cluster.efficiency
+    slow = [_slowest(cluster.ranks, lambda r, c=c: _codec_seconds(c, r, model, eff)) for c in
+            (Candidate("topk_allreduce", density=0.01), Candidate("fp16"))]
+    return AutoMeasurement(
+        link_bytes_per_s=link.bytes_per_s / factor, latency_s=link.latency_s * 2 * (w - 1),
+        topk_s_per_entry={0.05: slow[0] / n, 0.01: slow[0] / n}, cast_s_per_entry=slow[1] / n,
+        powersgd_s={k: _slowest(cluster.ranks, lambda r, k=k: _codec_seconds(Candidate("powersgd", rank=k), r, model,
+                                                                             eff)) for k in (1, 2, 4, 8)},
+        backend=cluster.backend, fp16_time_ratio=_half_ratio(cluster))
+
+
+def _slowest(ranks: tuple[RankDevice, ...], seconds) -> float:
+    return max(seconds(r) for r in set(ranks))
+
+
+def _half_ratio(cluster: PlanCluster) -> float:
+    # NOTE: gloo sums fp16 on the CPU at about fp32's speed, so its half-size all-reduce is no faster
+    return 0.5 if cluster.backend == "nccl" else 1.0
+
+
+def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate: Candidate, even: bool,
+            buckets: list, step_factor: float = 1.0) -> MethodPlan:
+    w = cluster.world
+    costs = _costs(cluster, model)
+    codec = [_codec_seconds(candidate, r, model, cluster.efficiency) for r in cluster.ranks]
+    if even:
+        sizes = split_batch(global_batch, [1.0] * w)
+    else:
+        sizes = split_batch_timed(global_batch, [c.samples_per_s for c in costs],
+                                  [c.fixed_s + x for c, x in zip(costs, codec)])
+    compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, codec))
+    density, rank = candidate.density or 0.01, candidate.rank or 4
+    comm = exchange_seconds(candidate.codec, buckets, w, effective_link(cluster.topology), density, rank,
+                            _half_ratio(cluster)) if w > 1 else 0.0
+    step = step_seconds(compute, comm, cluster.overlap)
+    sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
+    return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, step_factor)
+
+
+def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict[str, MethodPlan]:
+    """Each method's predicted split, times and bytes on ``cluster``."""
+    buckets = buckets_of(model.shapes)
+    out = {"ddp": _method(cluster, model, global_batch, Candidate("dense"), True, buckets),
+           "ddp_powersgd": _method(cluster, model, global_batch, Candidate("powersgd", rank=4), True, buckets,
+                                   STEP_FACTORS["powersgd rank 4"]),
+           "hetero": _method(cluster, model, global_batch, Candidate("dense"), False, buckets)}
+    if cluster.world > 1:
+        d = choose(_measurement(cluster, model), buckets, cluster.world, list(cluster.tiers),
+                   compute_s=out["hetero"].compute_s)
+        c = Candidate(d.codec, d.density, d.rank)
+    else:
+        c = Candidate("dense")
+    out["hetero_auto"] = _method(cluster, model, global_batch, c, False, buckets, STEP_FACTORS[c.label])
+    return out
+
+
+def plan(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict:
+    """The planner's answer as a JSON-ready dict with stable keys (docs/planner.md)."""
+    methods = plan_methods(cluster, model, global_batch)
+    sps = {m: p.samples_per_s for m, p in methods.items()}
+    return {
+        "schema": "hetero_strategy.plan/1",
+        "model": {"name": model.name, "parameters": model.parameters, "flops_per_sample": model.flops_per_sample,
+                  "buckets": len(buckets_of(model.shapes))},
+        "cluster": {"world": cluster.world, "efficiency": cluster.efficiency, "overlap": cluster.overlap,
+                    "backend": cluster.backend,
+                    "ranks": [dict(asdict(r), rank=i, tier=t) for i, (r, t) in enumerate(zip(cluster.ranks, cluster.tiers))]},
+        "global_batch": global_batch,
+        "memory_caps": None,  # NOTE: not modelled yet: every rank may take any batch
+        "methods": {m: asdict(p) for m, p in methods.items()},
+        "speedup": {"hetero_vs_ddp": sps["hetero"] / sps["ddp"], "hetero_auto_vs_ddp": sps["hetero_auto"] / sps["ddp"],
+                    "hetero_vs_ddp_powersgd": sps["hetero"] / sps["ddp_powersgd"],
+                    "hetero_auto_vs_ddp_powersgd": sps["hetero_auto"] / sps["ddp_powersgd"]},
+        "ranked": sorted(sps, key=lambda m: -sps[m]),
+    }
+
+
+def scale(cluster: PlanCluster, model: ModelCost, per_rank_batch: int, max_world: int = 1024) -> dict:
+    """The mix replicated 1, 2, 4 ... times up to ``max_world`` ranks, the mean per-rank batch kept:
+    {"worlds": [...], "methods": {method: {"samples_per_s": [...], "bytes_per_rank": [...], "codec": [...]}}}."""
+    out: dict = {"worlds": [], "methods": {m: {"samples_per_s": [], "bytes_per_rank": [], "codec": []} for m in METHODS}}
+    times = 1
+    while cluster.world * times <= max_world:
+        big = cluster.replicated(times)
+        if big.world >= 2:
+            out["worlds"].append(big.world)
+            for m, p in plan_methods(big, model, per_rank_batch * big.world).items():
+                row = out["methods"][m]
+                row["samples_per_s"].append(p.samples_per_s)
+                row["bytes_per_rank"].append(p.bytes_per_rank)
+                row["codec"].append(p.codec)
+        times *= 2
+    return out
