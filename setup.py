@@ -9,4 +9,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages("src") + ["hetero_strategy.triton_kernels"],
     package_dir={"": "src", "hetero_strategy.triton_kernels": "triton_kernels"},
+    package_data={"hetero_strategy": ["py.typed"]},  # PEP 561: the package's annotations are for type checkers
 )
