@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test fuzz docs lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
+.PHONY: install demo test fuzz docs dist lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ fuzz: install
 # The docs site (mkdocs-material + mkdocstrings); --strict turns broken links and docstrings into errors.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The sdist and the wheel that `pip install hetero-strategy` gets, in dist/ (tests/test_wheel.py builds
+# the same and installs it into a fresh venv). The wheel is built from the sdist, so both are checked.
+dist: install
+	rm -rf dist build
+	$(BIN)/python -m build --outdir dist
 
 # Benchmarks (not tests): the emulated-cluster ones need root; bench-kernels needs a CUDA GPU.
 bench-balance: install
@@ -69,4 +75,4 @@ lint: install
 	$(BIN)/ruff check src tests triton_kernels benchmarks recipes
 
 clean:
-	rm -rf $(VENV) build site *.egg-info src/*.egg-info
+	rm -rf $(VENV) build dist site *.egg-info src/*.egg-info

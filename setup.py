@@ -9,5 +9,6 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages("src") + ["hetero_strategy.triton_kernels"],
     package_dir={"": "src", "hetero_strategy.triton_kernels": "triton_kernels"},
-    package_data={"hetero_strategy.cluster": ["cards.yaml"]},  # the known-card table (cluster/cards.py)
+    # PEP 561 marker: the annotations are for type checkers; the known-card table (cluster/cards.py)
+    package_data={"hetero_strategy": ["py.typed"], "hetero_strategy.cluster": ["cards.yaml"]},
 )

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from hetero_strategy.config import ConfigError
 from hetero_strategy.runtime.save_schedule import SaveSchedule
@@ -215,6 +214,8 @@ def read_small(writer: ShardedWriter, path: Path, keys: list[str]) -> dict[str, 
     """The run record, this rank's hetero state (or every old rank's residual size under another
     world size) and the blobs ``keys`` that the checkpoint holds, without touching any model
     (collective). A checkpoint refused here leaves the model untouched: DCP loads in place."""
+    import torch.distributed.checkpoint as dcp  # NOTE: lazily (sharded_io.read_or_explain says why)
+
     saved = read_or_explain(path, lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
     rank, world = writer.rank, writer.runtime.world_size
     saved_world = sum(1 for k in saved if k.startswith("hetero.rank"))

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from hetero_strategy.config import ConfigError
 from hetero_strategy.dist import StallError
@@ -61,6 +59,8 @@ class ShardedWriter:
     def save(self, state: dict[str, Any], final: Path) -> None:
         """Start writing ``state`` (this rank's part) to ``final`` (collective); the state is staged
         to host memory before this returns, so training may change it right after."""
+        import torch.distributed.checkpoint as dcp  # NOTE: lazily: see read_or_explain
+
         self.wait()  # one write in flight at a time
         self.writing = writing = final.with_name(final.name + PARTIAL)
         if self.rank == 0:
@@ -154,6 +154,8 @@ class ShardedWriter:
 
     def load(self, path: Path, state: dict[str, Any], *, collective: bool = True) -> None:
         """Fill ``state`` in place from ``path``; ``collective=False`` reads on this rank alone."""
+        import torch.distributed.checkpoint as dcp  # NOTE: lazily: see read_or_explain
+
         distributed = self.distributed and collective
         with self.runtime.phase("checkpoint"):
             read_or_explain(path, lambda: dcp.load(state, checkpoint_id=path, process_group=self.group,
@@ -196,6 +198,11 @@ def sweep(directory: Path) -> list[str]:
 
 def read_or_explain(path: Path, read: Callable[[], Any]) -> Any:
     """``read()``, with a damaged or foreign checkpoint said in one line (nothing else is caught)."""
+    # NOTE: torch.distributed.checkpoint is imported where a checkpoint is written or read, not at
+    # the top: it pulls in torch.distributed.elastic, about 0.1 s that every process registering
+    # strategy="hetero" with Lightning would pay (benchmarks/bench_import.py)
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         return read()
     except (ConfigError, StallError):
