@@ -55,6 +55,7 @@ class ShardedWriter:
         self._commit_error: BaseException | None = None
         self._lock = threading.Lock()
         self._after: list[Callable[[], None]] = []
+        self._saved = False  # any save since construction: the same on every rank (save is collective)
 
     def save(self, state: dict[str, Any], final: Path) -> None:
         """Start writing ``state`` (this rank's part) to ``final`` (collective); the state is staged
@@ -67,6 +68,7 @@ class ShardedWriter:
             final.parent.mkdir(parents=True, exist_ok=True)
             sweep(final.parent)  # a crash's leftovers, the one under this name included
         self.barrier()
+        self._saved = True
         with self.runtime.phase("checkpoint"):
             future = dcp.async_save(state, checkpoint_id=writing, process_group=self.group,
                                     no_dist=not self.distributed)
@@ -92,8 +94,13 @@ class ShardedWriter:
         self.then(lambda: remove_committed(path) if path.exists() else None)
 
     def close(self) -> None:
-        """Finish the write in flight and free the writer's process group."""
+        """Finish the write in flight and free the writer's process group (collective after a save:
+        every rank leaves with the last checkpoint committed)."""
         self.wait()
+        if self._saved:
+            # NOTE: rank 0 renames from its writer thread; a peer's wait() returns when its own part is
+            # written, so without this it could leave (and list the directory) before the commit
+            self.barrier()
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None
