@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
-from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, _fail, shown
+from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, _fail, _fail_rank_count, shown
 from hetero_strategy.config.files import read_yaml, write_atomic
 from hetero_strategy.config.hybrid import HybridConfig
 from hetero_strategy.config.precision import PrecisionConfig
@@ -175,8 +175,7 @@ class HeteroConfig:
         per_rank = {"tiers": self.compression.tiers, "precision_policy": self.precision.precision_policy}
         for name, values in per_rank.items():
             if isinstance(values, list) and len(values) != world_size:
-                _fail(name, values, f"has {len(values)} entries but the job has {world_size} ranks; "
-                      f"give exactly {world_size} entries")
+                _fail_rank_count(name, values, world_size)
         groups = self.compression.fast_groups
         if groups is not None and sum(len(g) for g in groups) != world_size:
             _fail("fast_groups", groups, f"the groups must cover the job's {world_size} ranks exactly once")
