@@ -132,7 +132,9 @@ def test_accelerate_quickstart_through_the_wizard_defaults(tmp_path):
     assert printed == [page_line], printed  # the page shows exactly what the wizard prints
     rc, log = run_command(["bash", "-c", printed[0]], env=launch_env(), cwd=tmp_path, timeout=180)
     assert rc == 0, log[-4000:]
-    assert "hetero: probed per rank" in log  # the wizard's default balance: a start-up probe
+    # HeteroPlugin() says where its settings come from (once); the wizard's default balance is a probe.
+    assert log.count("hetero: settings from hetero.yaml ($HETERO_STRATEGY_CONFIG)\n") == 1, log[-4000:]
+    assert "hetero: probed per rank" in log
     _same_split_on_both_ranks(log)
 
 

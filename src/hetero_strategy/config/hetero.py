@@ -131,6 +131,16 @@ class HeteroConfig:
                       "writes one) or unset it")
         return cls.resolve(config, flat)
 
+    @staticmethod
+    def source(config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> str:
+        """Where :meth:`from_env`'s settings come from, in words (an adapter says it at start-up, so a
+        keyword that overrides the wizard's file is not silent)."""
+        named = os.environ.get(CONFIG_ENV) if config is None else None
+        origin = (f"{config or named}" + (f" (${CONFIG_ENV})" if named else "") if isinstance(config, (str, Path))
+                  or named else "a HeteroConfig" if config is not None else "the defaults")
+        given = ", ".join(f"{k}={shown(v)}" for k, v in flat.items())
+        return origin + (f", with {given} given as keywords on top" if given else "")
+
     @classmethod
     def from_keywords(cls, config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
         """An adapter's constructor keywords: ``config`` with the HeteroConfig fields among ``named``
