@@ -105,10 +105,17 @@ def test_accelerate_quickstart_runs_as_printed(tmp_path):
 
 
 @pytest.mark.slow
-def test_accelerate_quickstart_through_the_wizard_defaults(tmp_path):
+def test_accelerate_quickstart_through_the_wizard_defaults(tmp_path, monkeypatch, capsys):
     """The page's path: train.py, `hetero-strategy config` with Enter at every question on a CPU
-    machine, then the line the wizard printed last, run as printed."""
+    machine, then the line the wizard printed last, run as printed. Enter everywhere writes what
+    `--defaults` writes (docs/wizard.md), and on CPU that is a 2-rank job."""
     import pexpect
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    from hetero_strategy.cli import main as cli_main
+    from hetero_strategy.commands import config as config_command
+    from hetero_strategy.config import HeteroConfig
 
     (tmp_path / "train.py").write_text(_code("quickstart-accelerate.md"))
     (wizard, page_line), _ = _bash("quickstart-accelerate.md")
@@ -128,6 +135,16 @@ def test_accelerate_quickstart_through_the_wizard_defaults(tmp_path):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before
+    monkeypatch.setattr(config_command, "_visible_gpus", lambda: 0)  # as CUDA_VISIBLE_DEVICES="" above
+    flagged = tmp_path / "flagged"
+    assert cli_main(["config", "--defaults", "--main-process-port", env["MASTER_PORT"], "--output-dir", str(flagged)]) == 0
+    capsys.readouterr()
+    for name in ("accelerate.yaml", "hetero.yaml"):
+        assert (tmp_path / name).read_text() == (flagged / name).read_text(), name
+    acc = load_config_from_file(str(flagged / "accelerate.yaml"))
+    assert acc.distributed_type == DistributedType.MULTI_GPU and acc.num_processes == 2 and acc.use_cpu is True
+    assert HeteroConfig.from_yaml(flagged / "hetero.yaml") == HeteroConfig()
+
     printed = re.findall(r"HETERO_STRATEGY_CONFIG=[^\r\n]*", child.before)
     assert printed == [page_line], printed  # the page shows exactly what the wizard prints
     rc, log = run_command(["bash", "-c", printed[0]], env=launch_env(), cwd=tmp_path, timeout=180)

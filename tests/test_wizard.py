@@ -123,22 +123,8 @@ def test_pty_bad_answers_are_asked_again(tmp_path):
     assert het.balance.capacities == [2.0, 1.0]
 
 
-def test_defaults_flag_equals_accepting_every_default(tmp_path):
-    asked, flagged = tmp_path / "asked", tmp_path / "flagged"
-    child = _spawn(asked)
-    for question in ("In which compute environment", "Which type of machine", "How many processes should be used",
-                     "from a cluster profile", "Link tier of each rank", "How should the global batch be split",
-                     "Which gradient compression", "online calibration"):
-        _reply(child, question, ENTER)
-    _finish(child)
-    subprocess.run([WIZARD, "config", "--defaults", "--output-dir", str(flagged)], env=PTY_ENV, check=True,
-                   capture_output=True, timeout=120)
-    for name in ("accelerate.yaml", "hetero.yaml"):
-        assert (asked / name).read_text() == (flagged / name).read_text()
-    acc, het = _configs(flagged)
-    # On CPU the default job is 2 ranks that see each other (docs/test_docs_site.py launches it).
-    assert acc.distributed_type == DistributedType.MULTI_GPU and acc.num_processes == 2 and acc.use_cpu is True
-    assert het == HeteroConfig()
+# Enter at every question == --defaults, and the line it prints runs 2 ranks: tests/test_docs_site.py
+# (test_accelerate_quickstart_through_the_wizard_defaults), with the Accelerate quickstart's script.
 
 
 def test_one_process_is_warned_about(tmp_path, capsys):
