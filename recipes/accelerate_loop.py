@@ -46,7 +46,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--eval-batches", type=int, default=None, help="held-out batches to score (default: all)")
     p.add_argument("--hetero-config", default=None,
                    help="hetero YAML from `hetero-strategy config` (default: $HETERO_STRATEGY_CONFIG)")
-    p.add_argument("--compression", default=None, help="none, topk, tiered, onebit, fp16, bf16, powersgd")
+    p.add_argument("--compression", default=None, help="none, topk, tiered, onebit, fp16, bf16, powersgd "
+                                                        "(default: the hetero config's)")
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None,
                    help="rebalance batch shares while training (default: the hetero config's)")
     p.add_argument("--precision-policy", default=None, help="auto, bf16, fp16, fp32 or a per-rank list a,b")

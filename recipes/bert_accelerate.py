@@ -4,10 +4,13 @@ One machine, 2 CPU ranks, offline (a tiny BERT on the recipe's own keyword revie
 
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 recipes/bert_accelerate.py --steps 200
 
-GLUE SST-2 with pretrained bert-base-uncased and the wizard's files::
+GLUE SST-2 with pretrained bert-base-uncased and the wizard's files: ``hetero-strategy config``
+prints the launch line last; run it with the recipe's flags added. The batch split, compression and
+calibration then come from hetero.yaml (a flag such as ``--compression`` would override the file's;
+the wizard does not ask about precision, hence ``--precision-policy``)::
 
-    hetero-strategy config
-    accelerate launch --config_file accelerate.yaml recipes/bert_accelerate.py --hetero-config hetero.yaml \\
+    hetero-strategy config --script recipes/bert_accelerate.py
+    HETERO_STRATEGY_CONFIG=hetero.yaml accelerate launch --config_file accelerate.yaml recipes/bert_accelerate.py \\
         --data sst2 --model bert-base-uncased --lr 2e-5 --precision-policy auto
 
 Two nodes with torchrun (run on each node; ``--node-rank`` 0 and 1)::

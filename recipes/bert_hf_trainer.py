@@ -4,11 +4,12 @@ One machine, 2 CPU ranks, offline (a tiny BERT on the recipe's own keyword revie
 
     torchrun --nproc-per-node 2 recipes/bert_hf_trainer.py --steps 200 --cpu
 
-GLUE SST-2 with pretrained bert-base-uncased (through ``datasets``) and the wizard's hetero file::
+GLUE SST-2 with pretrained bert-base-uncased (through ``datasets``) and the wizard's hetero file, whose
+batch split, compression and calibration the run takes (``--compression`` would override the file's)::
 
     hetero-strategy config
     torchrun --nproc-per-node 4 recipes/bert_hf_trainer.py --hetero-config hetero.yaml \\
-        --data sst2 --model bert-base-uncased --lr 2e-5 --compression tiered
+        --data sst2 --model bert-base-uncased --lr 2e-5
 
 ``--batch-size`` is the Trainer's ``per_device_train_batch_size``: the mean per-rank batch, so the
 global batch is batch-size x ranks, split by capacity. Checkpoints every ``--save-steps`` steps go

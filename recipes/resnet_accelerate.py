@@ -4,11 +4,13 @@ One machine, 2 CPU ranks, offline (scikit-learn's digits)::
 
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 recipes/resnet_accelerate.py --steps 50
 
-With the wizard's files (``hetero-strategy config`` writes accelerate.yaml and hetero.yaml)::
+With the wizard's files: ``hetero-strategy config`` writes accelerate.yaml and hetero.yaml and prints
+the launch line last; run it with the recipe's flags added. The batch split, compression and
+calibration then come from hetero.yaml (a flag such as ``--compression`` would override the file's)::
 
-    hetero-strategy config
-    accelerate launch --config_file accelerate.yaml recipes/resnet_accelerate.py \\
-        --hetero-config hetero.yaml --data cifar10 --download
+    hetero-strategy config --script recipes/resnet_accelerate.py
+    HETERO_STRATEGY_CONFIG=hetero.yaml accelerate launch --config_file accelerate.yaml \\
+        recipes/resnet_accelerate.py --data cifar10 --download
 
 Two nodes with torchrun (run on each node; ``--node-rank`` 0 and 1)::
 

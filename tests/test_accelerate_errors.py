@@ -110,7 +110,7 @@ def test_missing_training_loader_and_bad_fields():
 
 
 def test_per_rank_list_of_the_wrong_length_fails_at_prepare():
-    with pytest.raises(ConfigError, match="has 2 entries but the job has 1 ranks"):
+    with pytest.raises(ConfigError, match="has 2 entries but the job has 1 rank;"):
         HeteroPlugin(batch_sizes=[3, 5]).prepare(Accelerator(cpu=True), *_objects())
 
 

@@ -196,7 +196,7 @@ def test_a_checkpoint_from_another_config_or_world_size(recwarn):
     warned = []
     runtime = HeteroRuntime(HeteroConfig.from_flat(compression="topk"), 0, 2, warn=warned.append)
     assert runtime.load_gathered_state_dict(saved) is False
-    assert "checkpoint of 1 ranks resumed on 2" in warned[0] and "(0 values" in warned[0]
+    assert "checkpoint of 1 rank resumed on 2" in warned[0] and "(0 values" in warned[0]
 
 
 @pytest.fixture()

@@ -56,6 +56,8 @@ def test_world_size_and_global_batch_checks():
         BalanceConfig().check_world_size(2, 1)
     BalanceConfig(max_batch_sizes=[4, 4]).check_world_size(2, 16)  # caps a pass: larger shares run as passes
     BalanceConfig(batch_sizes=[3, 13]).check_world_size(2, 16)  # fine
+    with pytest.raises(ConfigError, match=r"has 2 entries but the job has 1 rank; give exactly 1 entry$"):
+        cfg.check_world_size(1)  # counts in the right number (issue 32)
 
 
 def test_yaml_round_trip_and_unknown_keys(tmp_path):
@@ -129,3 +131,14 @@ def test_registry_and_lightning_cli_flags():
         "--trainer.strategy.compression=topk", "--trainer.accelerator=cpu", "--trainer.logger=false"])
     assert cli.trainer.strategy.hetero_config.balance.batch_sizes == [3, 13]
     assert cli.trainer.strategy.hetero_config.compression.method == "topk"
+
+
+def test_the_source_of_the_settings_names_the_file_and_every_keyword_on_top(monkeypatch):
+    """Issue 32: a keyword that overrides the wizard's file is said at start-up, not silent."""
+    monkeypatch.setenv("HETERO_STRATEGY_CONFIG", "run/hetero.yaml")
+    assert HeteroConfig.source(None, {}) == "run/hetero.yaml ($HETERO_STRATEGY_CONFIG)"
+    said = HeteroConfig.source(None, {"capacities": [3, 1]})
+    assert said.startswith("run/hetero.yaml ($HETERO_STRATEGY_CONFIG), with capacities=[3, 1]"), said
+    assert HeteroConfig.source("other.yaml", {}) == "other.yaml"  # a path given wins over the variable
+    monkeypatch.delenv("HETERO_STRATEGY_CONFIG")
+    assert HeteroConfig.source(None, {}) == "the defaults"

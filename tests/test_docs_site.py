@@ -57,6 +57,17 @@ def _code(page: str) -> str:
     return re.search(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.DOTALL).group(1)
 
 
+def _bash(page: str) -> list[list[str]]:
+    """The lines of each bash block of a page, in order."""
+    return [b.strip().splitlines() for b in re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / page).read_text(),
+                                                         re.DOTALL)]
+
+
+# Lightning's known-harmless messages that hetero filters (hetero_strategy/lightning/quiet.py), and the
+# progress bar's epoch total under max_steps: Lightning's RichProgressBar alone prints "Epoch 1/-2".
+_LIGHTNING_NOISE = ("LeafSpec", "litlogger", "/-2")
+
+
 @pytest.mark.slow
 def test_lightning_quickstart_runs_as_printed(tmp_path):
     (tmp_path / "train.py").write_text(_code("quickstart-lightning.md"))
@@ -64,17 +75,85 @@ def test_lightning_quickstart_runs_as_printed(tmp_path):
     assert rc == 0, log[-4000:]
     assert "global batch 64 split as [48, 16]" in log  # capacities 3:1 of G = 32 x 2, as the page says
     assert re.search(r"rank 0: batch sizes \[48, 16\]", log) and re.search(r"rank 1: batch sizes \[48, 16\]", log)
+    assert log.count("global batch 64 split as") == 1  # our messages: once, by rank 0
+    assert not [noise for noise in _LIGHTNING_NOISE if noise in log], log[-4000:]
+    # 2048 samples / G = 64: 32 steps per epoch, so max_steps=50 ends in epoch 1 of 0..1.
+    assert "Epoch 1/1 " in log, log[-2000:]
+
+
+def _same_split_on_both_ranks(log: str) -> list[int]:
+    """The split both ranks print at the end (docs/design.md semantics 1: b_r >= 1, sum = G = 32 x 2)."""
+    # NOTE: not anchored at a line start: the two ranks' output may interleave in the launcher's pipe
+    found = {rank: sizes for rank, sizes in re.findall(r"rank (\d): batch sizes (\[\d+, \d+\])", log)}
+    assert set(found) == {"0", "1"} and found["0"] == found["1"], log[-4000:]
+    sizes = json.loads(found["0"])
+    assert sum(sizes) == 64 and min(sizes) >= 1, sizes
+    assert log.count("global batch 64 split as") == 1, log[-4000:]  # our messages: once, by rank 0
+    return sizes
 
 
 @pytest.mark.slow
 def test_accelerate_quickstart_runs_as_printed(tmp_path):
-    (tmp_path / "train_accelerate.py").write_text(_code("quickstart-accelerate.md"))
+    (tmp_path / "train.py").write_text(_code("quickstart-accelerate.md"))
+    (line,) = _bash("quickstart-accelerate.md")[1]  # without the wizard's files: the defaults, a probe
     env = dict(launch_env(), ACCELERATE_USE_CPU="true")
-    rc, log = run_command([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-                           "--main_process_port", env["MASTER_PORT"], "train_accelerate.py"],
-                          env=env, cwd=tmp_path, timeout=180)
+    command = line.split()[1:]
+    assert command[:2] == ["accelerate", "launch"]
+    rc, log = run_command([str(BIN / "accelerate"), *command[1:-1], "--main_process_port", env["MASTER_PORT"],
+                           command[-1]], env=env, cwd=tmp_path, timeout=180)
     assert rc == 0, log[-4000:]
-    assert re.search(r"rank 0: batch sizes \[48, 16\]", log) and re.search(r"rank 1: batch sizes \[48, 16\]", log)
+    _same_split_on_both_ranks(log)
+
+
+@pytest.mark.slow
+def test_accelerate_quickstart_through_the_wizard_defaults(tmp_path, monkeypatch, capsys):
+    """The page's path: train.py, `hetero-strategy config` with Enter at every question on a CPU
+    machine, then the line the wizard printed last, run as printed. Enter everywhere writes what
+    `--defaults` writes (docs/wizard.md), and on CPU that is a 2-rank job."""
+    import pexpect
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    from hetero_strategy.cli import main as cli_main
+    from hetero_strategy.commands import config as config_command
+    from hetero_strategy.config import HeteroConfig
+
+    (tmp_path / "train.py").write_text(_code("quickstart-accelerate.md"))
+    (wizard, page_line), _ = _bash("quickstart-accelerate.md")
+    env = launch_env(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1", NO_COLOR="1", CUDA_VISIBLE_DEVICES="")
+    # One flag more than the page: Accelerate's port (asked only for several machines; 29500 without
+    # it), so that this job cannot meet another one on this machine.
+    program, *args = wizard.split()
+    child = pexpect.spawn(str(BIN / program), [*args, "--main-process-port", env["MASTER_PORT"]], cwd=str(tmp_path),
+                          env=env, encoding="utf-8", timeout=60, dimensions=(50, 220))
+    try:
+        for question in ("In which compute environment", "Which type of machine", "How many processes",
+                         "from a cluster profile", "Link tier of each rank", "How should the global batch be split",
+                         "Which gradient compression", "online calibration"):
+            child.expect_exact(question)
+            child.send("\r")  # Enter: the default
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    monkeypatch.setattr(config_command, "_visible_gpus", lambda: 0)  # as CUDA_VISIBLE_DEVICES="" above
+    flagged = tmp_path / "flagged"
+    assert cli_main(["config", "--defaults", "--main-process-port", env["MASTER_PORT"], "--output-dir", str(flagged)]) == 0
+    capsys.readouterr()
+    for name in ("accelerate.yaml", "hetero.yaml"):
+        assert (tmp_path / name).read_text() == (flagged / name).read_text(), name
+    acc = load_config_from_file(str(flagged / "accelerate.yaml"))
+    assert acc.distributed_type == DistributedType.MULTI_GPU and acc.num_processes == 2 and acc.use_cpu is True
+    assert HeteroConfig.from_yaml(flagged / "hetero.yaml") == HeteroConfig()
+
+    printed = re.findall(r"HETERO_STRATEGY_CONFIG=[^\r\n]*", child.before)
+    assert printed == [page_line], printed  # the page shows exactly what the wizard prints
+    rc, log = run_command(["bash", "-c", printed[0]], env=launch_env(), cwd=tmp_path, timeout=180)
+    assert rc == 0, log[-4000:]
+    # HeteroPlugin() says where its settings come from (once); the wizard's default balance is a probe.
+    assert log.count("hetero: settings from hetero.yaml ($HETERO_STRATEGY_CONFIG)\n") == 1, log[-4000:]
+    assert "hetero: probed per rank" in log
+    _same_split_on_both_ranks(log)
 
 
 @pytest.mark.slow

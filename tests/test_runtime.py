@@ -174,3 +174,21 @@ def test_a_checkpoint_resumed_with_another_batch_size_keeps_the_new_split_and_th
     assert "saved batch split is for another global batch" in warned[0]
     first = next(iter(loader))[1]
     assert torch.equal(first, make_data(96).tensors[1][48:48 + len(first)])  # rank 0 goes on at sample 48
+
+
+def test_a_warning_every_rank_would_give_is_said_once_by_rank_0():
+    """Issue 32: the plan's warnings follow from the config and the data, alike on every rank, so
+    only rank 0 says them (here: accumulating with a partial last global batch)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hetero_strategy.config import HeteroConfig
+    from hetero_strategy.runtime import HeteroRuntime
+
+    data = TensorDataset(torch.arange(100.0))  # G = 8 x 2 = 16 does not divide 100
+    said: dict[int, list[str]] = {0: [], 1: []}
+    for rank in (0, 1):  # no collective is needed with explicit batch sizes: each rank on its own
+        runtime = HeteroRuntime(HeteroConfig.from_flat(batch_sizes=[6, 10]), rank, 2, info=lambda m: None,
+                                warn=said[rank].append)
+        runtime.train_loader(DataLoader(data, batch_size=8), seed=0, accumulate=2)
+    assert len(said[0]) == 1 and "partial last batch" in said[0][0], said
+    assert said[1] == []

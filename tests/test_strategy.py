@@ -253,3 +253,19 @@ def test_online_calibration_moves_shares_and_keeps_semantics(results):
     for r in results:
         for got, want in zip(r["calib_weights"], oracle.parameters()):
             torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_progress_bar_epoch_total_under_max_steps():
+    """Lightning steps every accumulate_grad_batches batches and at an epoch's last batch; the bar's
+    total is the index of the epoch in which max_steps is reached (issue 32: not "0/-2")."""
+    from types import SimpleNamespace
+
+    from hetero_strategy.lightning.quiet import last_epoch
+
+    def trainer(max_steps, batches, accumulate=1):
+        return SimpleNamespace(max_steps=max_steps, num_training_batches=batches, accumulate_grad_batches=accumulate)
+
+    assert last_epoch(trainer(50, 32)) == 1  # epoch 0: steps 1-32, epoch 1: steps 33-50
+    assert last_epoch(trainer(64, 32)) == 1 and last_epoch(trainer(65, 32)) == 2
+    assert last_epoch(trainer(50, 30, accumulate=4)) == 6  # 8 steps per epoch (the 30th batch steps too)
+    assert last_epoch(trainer(-1, 32)) is None and last_epoch(trainer(50, float("inf"))) is None

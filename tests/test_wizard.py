@@ -75,11 +75,12 @@ def test_pty_cpu_two_processes(tmp_path):
     child = _spawn(tmp_path)
     _reply(child, "In which compute environment", ENTER)                  # This machine
     _reply(child, "Which type of machine", ENTER)                         # CPU
-    _reply(child, "How many processes should be used", CLEAR + "2" + ENTER)
+    # Text prompts start empty (the default is a grey hint): what is typed is the whole answer.
+    _reply(child, "How many processes should be used", "2" + ENTER)      # not "22"
     _reply(child, "from a cluster profile", ENTER)                        # no profile
-    _reply(child, "Link tier of each rank", CLEAR + "ib, eth1g" + ENTER)
+    _reply(child, "Link tier of each rank", "ib, eth1g" + ENTER)
     _reply(child, "How should the global batch be split", DOWN + ENTER)   # capacities
-    _reply(child, "Relative capacity of each rank", CLEAR + "3, 1" + ENTER)
+    _reply(child, "Relative capacity of each rank", "3,1" + ENTER)        # not "1.0, 1.03,1" (issue 32)
     # Mixed tiers put the default on tiered; one up from there is topk (none, topk, tiered, ...).
     _reply(child, "Which gradient compression", UP + ENTER)
     _reply(child, "online calibration", "y")
@@ -94,22 +95,24 @@ def test_pty_cpu_two_processes(tmp_path):
     assert (f"HETERO_STRATEGY_CONFIG={tmp_path}/hetero.yaml ACCELERATE_USE_CPU=true accelerate launch "
             f"--config_file {tmp_path}/accelerate.yaml train.py") in text
     assert f'Trainer(strategy=HeteroStrategy(config="{tmp_path}/hetero.yaml")' in text
+    # It ends by checking its own file, then prints the launch lines last.
+    assert text.index(f"check: {tmp_path}/hetero.yaml is valid") < text.index("Launch with Accelerate:")
 
 
 def test_pty_bad_answers_are_asked_again(tmp_path):
     child = _spawn(tmp_path)
     _reply(child, "In which compute environment", ENTER)
     _reply(child, "Which type of machine", ENTER)
-    _reply(child, "How many processes should be used", CLEAR + "abc" + ENTER)
+    _reply(child, "How many processes should be used", "abc" + ENTER)
     _reply(child, "num_processes='abc' is invalid: enter an integer >= 1", CLEAR + "2" + ENTER)
     _reply(child, "from a cluster profile", ENTER)
-    _reply(child, "Link tier of each rank", CLEAR + "ib, fast" + ENTER)
+    _reply(child, "Link tier of each rank", "ib, fast" + ENTER)
     # The reason is CompressionConfig's own message, not a second validator's.
     _reply(child, "tiers[1]='fast' is invalid: choose one of nvlink, ib, eth10g, eth1g", CLEAR + "eth10g" + ENTER)
     _reply(child, "How should the global batch be split", DOWN + ENTER)
-    _reply(child, "Relative capacity of each rank", CLEAR + "2" + ENTER)
+    _reply(child, "Relative capacity of each rank", "2" + ENTER)
     # BalanceConfig.check_world_size's message: the wrong count is refused with the job's rank count.
-    _reply(child, "has 1 entries but the job has 2 ranks; give exactly 2 entries", CLEAR + "2, 1" + ENTER)
+    _reply(child, "has 1 entry but the job has 2 ranks; give exactly 2 entries", CLEAR + "2, 1" + ENTER)
     _reply(child, "Which gradient compression", ENTER)
     _reply(child, "online calibration", ENTER)
     _finish(child)
@@ -120,21 +123,18 @@ def test_pty_bad_answers_are_asked_again(tmp_path):
     assert het.balance.capacities == [2.0, 1.0]
 
 
-def test_defaults_flag_equals_accepting_every_default(tmp_path):
-    asked, flagged = tmp_path / "asked", tmp_path / "flagged"
-    child = _spawn(asked)
-    for question in ("In which compute environment", "Which type of machine", "How many processes should be used",
-                     "from a cluster profile", "Link tier of each rank", "How should the global batch be split",
-                     "Which gradient compression", "online calibration"):
-        _reply(child, question, ENTER)
-    _finish(child)
-    subprocess.run([WIZARD, "config", "--defaults", "--output-dir", str(flagged)], env=PTY_ENV, check=True,
-                   capture_output=True, timeout=120)
-    for name in ("accelerate.yaml", "hetero.yaml"):
-        assert (asked / name).read_text() == (flagged / name).read_text()
-    acc, het = _configs(flagged)
-    assert acc.distributed_type == DistributedType.NO and acc.num_processes == 1 and acc.use_cpu is True
-    assert het == HeteroConfig()
+# Enter at every question == --defaults, and the line it prints runs 2 ranks: tests/test_docs_site.py
+# (test_accelerate_quickstart_through_the_wizard_defaults), with the Accelerate quickstart's script.
+
+
+def test_one_process_is_warned_about(tmp_path, capsys):
+    warning = "warning: num_processes=1 starts one process: that is not distributed training"
+    rc, out, err = _run_cli(capsys, "--defaults", "--device", "cpu", "--num-processes", "1",
+                            "--output-dir", str(tmp_path))
+    assert rc == 0 and warning in out, out + err
+    assert load_config_from_file(str(tmp_path / "accelerate.yaml")).distributed_type == DistributedType.NO
+    rc, out, err = _run_cli(capsys, "--defaults", "--device", "cpu", "--output-dir", str(tmp_path))
+    assert rc == 0 and "warning" not in out, out
 
 
 def test_answers_file_multi_node(tmp_path, capsys):

@@ -54,7 +54,7 @@ class HeteroPlugin:
 
     def __init__(self, config: str | Path | HeteroConfig | None = None, *, log_every_n_steps: int = 50,
                  **fields: Any) -> None:
-        self.config = HeteroConfig.from_env(config, fields)
+        self.config, self.config_source = HeteroConfig.from_env(config, fields), HeteroConfig.source(config, fields)
         if isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
             raise ConfigError(f"log_every_n_steps={log_every_n_steps!r} is invalid: must be an integer >= 1")
         self.log_every_n_steps = log_every_n_steps
@@ -109,6 +109,7 @@ class HeteroPlugin:
         runtime = HeteroRuntime(self.config, accelerator.process_index, accelerator.num_processes,
                                 info=accelerator.print, warn=lambda m: warnings.warn(m, stacklevel=3))
         runtime.check_local_clipping(list(optimizers), getattr(accelerator, "scaler", None) is not None)
+        runtime.info(f"hetero: settings from {self.config_source}")
         self.accelerator, self.runtime = accelerator, runtime
         return runtime
 

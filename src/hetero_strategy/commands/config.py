@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hetero_strategy.config import ConfigError
     from hetero_strategy.wizard import Answers, WizardError, collect, write_configs
-    from hetero_strategy.wizard.summary import print_summary
+    from hetero_strategy.wizard.summary import print_launch, print_summary
 
     console, errors = Console(), Console(stderr=True)
     out = Path(args.output_dir)
@@ -65,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         errors.print("config: cancelled; nothing written", style="yellow", markup=False)
         return 130
-    print_summary(console, answers, paths, script=args.script)
-    return _check_written(paths.hetero, answers.get("profile"), console, errors)
+    print_summary(console, answers, paths)
+    status = _check_written(paths.hetero, answers.get("profile"), console, errors)
+    if status == 0:  # the launch line last, where a user looks for it, and only for files that check
+        print_launch(console, answers, paths, script=args.script)
+    return status
 
 
 def _file_name(text: str) -> str:

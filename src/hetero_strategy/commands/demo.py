@@ -43,6 +43,12 @@ HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on d
 
 _WORKER = "hetero_strategy.commands.demo_worker"
 _MODES = {"ddp": "plain DDP", "hetero_auto": "hetero"}  # hetero: probe, then online calibration
+# NOTE: rank 0's TCPStore looks up the host name of each rank that connects, for its log; inside the
+# emulator's network namespaces no resolver is reachable and 10.77.0.x is in no hosts file, so c10d
+# warns "The hostname of the client socket cannot be retrieved. err=-3" (EAI_AGAIN) at every start.
+# Harmless (it logs the address instead); libtorch's C++ log level is the only switch. Set
+# TORCH_CPP_LOG_LEVEL yourself to see its warnings again.
+_RANK_ENV = {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +107,7 @@ def _launch(cluster: Any, mode: str, args: argparse.Namespace, tmp: Path) -> lis
     cmd = [sys.executable, "-m", _WORKER, "--mode", mode, "--out", str(tmp), "--batch", str(args.batch),
            "--steps", str(args.steps), "--cold-start", "3", "--recalibrate-every", "8", "--window", "20",
            "--lr", "0.05", "--progress"]
-    res = cluster.run(cmd, timeout=args.timeout, capture=False)
+    res = cluster.run(cmd, timeout=args.timeout, capture=False, env=_RANK_ENV)
     if not res.ok:
         raise RuntimeError(f"{mode} run failed (exit codes {res.returncodes}, timed out {res.timed_out})")
     return [json.loads((tmp / f"{mode}_r{k}.json").read_text()) for k in range(len(res.returncodes))]

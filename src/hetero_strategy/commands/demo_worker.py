@@ -78,10 +78,12 @@ def _fit(args: argparse.Namespace, world: int) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from hetero_strategy.lightning import HeteroStrategy
+    from hetero_strategy.lightning.quiet import quiet_lightning, show_epoch_total
     from hetero_strategy.workloads.digits import accuracy, covering, digits_datasets
     from hetero_strategy.workloads.resnets import resnet18_imagenet_stem
 
     L.seed_everything(0, verbose=False)
+    quiet_lightning()  # HeteroStrategy does this itself; the "ddp" run needs it too
     strategy: Any = "ddp" if args.mode == "ddp" else HeteroStrategy(
         overlap_comm=True, calibrate=True, cold_start_steps=args.cold_start,
         recalibrate_every=args.recalibrate_every, window=args.window)
@@ -89,6 +91,7 @@ def _fit(args: argparse.Namespace, world: int) -> dict[str, Any]:
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=args.steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=args.progress, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback])
+    show_epoch_total(trainer)
     train, test = digits_datasets(size=32)
     loader = DataLoader(covering(train, (args.steps + 2) * args.batch * world), batch_size=args.batch,
                         shuffle=True, drop_last=True)

@@ -12,7 +12,7 @@ Example::
 """
 
 from hetero_strategy.config.compression import COMPRESSION_METHODS, TIERS, CompressionConfig
-from hetero_strategy.config.errors import CONFIG_ENV, ConfigError
+from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, counted
 from hetero_strategy.config.hetero import HeteroConfig, field_owners
 from hetero_strategy.config.hybrid import HYBRID_MODES, HybridConfig
 from hetero_strategy.config.precision import DTYPE_NAMES, PrecisionConfig
@@ -34,5 +34,6 @@ __all__ = [
     "HybridConfig",
     "PrecisionConfig",
     "ReliabilityConfig",
+    "counted",
     "field_owners",
 ]

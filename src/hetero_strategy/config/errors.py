@@ -13,7 +13,7 @@ import reprlib
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["CONFIG_ENV", "ConfigError", "refuse_unknown_keywords", "shown"]
+__all__ = ["CONFIG_ENV", "ConfigError", "counted", "refuse_unknown_keywords", "shown"]
 
 CONFIG_ENV = "HETERO_STRATEGY_CONFIG"
 """Environment variable naming a hetero YAML file (``hetero-strategy config`` writes one)."""
@@ -32,6 +32,11 @@ def shown(value: Any) -> str:
     return _REPR.repr(value)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` with its noun in the right number: ``counted(1, "entry", "entries")`` -> "1 entry"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def refuse_unknown_keywords(kwargs: dict[str, Any], targets: tuple[Any, ...], takes: str) -> None:
     """Refuse a keyword that none of ``targets`` (the constructors the rest is passed to) takes, here
     rather than deep inside one of them; ``takes`` says what the caller accepts."""
@@ -45,6 +50,12 @@ def refuse_unknown_keywords(kwargs: dict[str, Any], targets: tuple[Any, ...], ta
 
 def _fail(field_name: str, value: Any, fix: str) -> None:
     raise ConfigError(f"{field_name}={shown(value)} is invalid: {fix}")
+
+
+def _fail_rank_count(field_name: str, values: list, world_size: int) -> None:
+    """Refuse a per-rank list whose length is not the job's rank count."""
+    _fail(field_name, values, f"has {counted(len(values), 'entry', 'entries')} but the job has "
+          f"{counted(world_size, 'rank')}; give exactly {counted(world_size, 'entry', 'entries')}")
 
 
 def _number(v: Any) -> bool:

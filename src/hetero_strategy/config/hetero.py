@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from hetero_strategy.config.compression import CompressionConfig
-from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, _fail, shown
+from hetero_strategy.config.errors import CONFIG_ENV, ConfigError, _fail, _fail_rank_count, shown
 from hetero_strategy.config.files import read_yaml, write_atomic
 from hetero_strategy.config.hybrid import HybridConfig
 from hetero_strategy.config.precision import PrecisionConfig
@@ -131,6 +131,16 @@ class HeteroConfig:
                       "writes one) or unset it")
         return cls.resolve(config, flat)
 
+    @staticmethod
+    def source(config: str | Path | HeteroConfig | None, flat: dict[str, Any]) -> str:
+        """Where :meth:`from_env`'s settings come from, in words (an adapter says it at start-up, so a
+        keyword that overrides the wizard's file is not silent)."""
+        named = os.environ.get(CONFIG_ENV) if config is None else None
+        origin = (f"{config or named}" + (f" (${CONFIG_ENV})" if named else "") if isinstance(config, (str, Path))
+                  or named else "a HeteroConfig" if config is not None else "the defaults")
+        given = ", ".join(f"{k}={shown(v)}" for k, v in flat.items())
+        return origin + (f", with {given} given as keywords on top" if given else "")
+
     @classmethod
     def from_keywords(cls, config: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> HeteroConfig:
         """An adapter's constructor keywords: ``config`` with the HeteroConfig fields among ``named``
@@ -175,8 +185,7 @@ class HeteroConfig:
         per_rank = {"tiers": self.compression.tiers, "precision_policy": self.precision.precision_policy}
         for name, values in per_rank.items():
             if isinstance(values, list) and len(values) != world_size:
-                _fail(name, values, f"has {len(values)} entries but the job has {world_size} ranks; "
-                      f"give exactly {world_size} entries")
+                _fail_rank_count(name, values, world_size)
         groups = self.compression.fast_groups
         if groups is not None and sum(len(g) for g in groups) != world_size:
             _fail("fast_groups", groups, f"the groups must cover the job's {world_size} ranks exactly once")

@@ -7,7 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero_strategy.config.errors import _check_positive_list, _fail, _number, _plain, _whole
+from hetero_strategy.config.errors import (
+    _check_positive_list,
+    _fail,
+    _fail_rank_count,
+    _number,
+    _plain,
+    _whole,
+)
 
 LOSS_NORMALIZATIONS = ("samples", "tokens")  # what a loss averages over (BalanceConfig.loss_normalization)
 
@@ -90,8 +97,7 @@ class BalanceConfig:
         for name in ("batch_sizes", "capacities", "max_batch_sizes"):
             values = getattr(self, name)
             if values is not None and len(values) != world_size:
-                _fail(name, values, f"has {len(values)} entries but the job has {world_size} ranks; "
-                      f"give exactly {world_size} entries")
+                _fail_rank_count(name, values, world_size)
         if global_batch is None:
             return
         if global_batch < world_size:

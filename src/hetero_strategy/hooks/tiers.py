@@ -23,7 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hetero_strategy.cluster.tiers import classify_tier
-from hetero_strategy.config import TIERS
+from hetero_strategy.config import TIERS, counted
 from hetero_strategy.dist import measure_bandwidth_gbps
 
 __all__ = [
@@ -174,8 +174,8 @@ def exchange_policies(config: Any, group: dist.ProcessGroup | None,
     scope = None if fast_groups is not None else group
     world = dist.get_world_size(scope) if dist.is_initialized() else 1
     if config.tiers is not None and len(config.tiers) != world:
-        raise ValueError(f"tiers={config.tiers!r} is invalid: {len(config.tiers)} entries for "
-                         f"{world} ranks; give one tier per rank")
+        raise ValueError(f"tiers={config.tiers!r} is invalid: {counted(len(config.tiers), 'entry', 'entries')} "
+                         f"for {counted(world, 'rank')}; give one tier per rank")
     me = dist.get_rank(scope) if dist.is_initialized() else 0
     mine = config.tiers[me] if config.tiers else config.tier
     if mine is None and config.tier_profile is not None and not os.environ.get(TIER_ENV):
@@ -195,6 +195,6 @@ def _profile_tier(path: str, rank: int, world: int) -> str:
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"tier_profile={path!r} is invalid: {e}; run `hetero-strategy profile` to write one") from e
     if len(tiers) != world:
-        raise ValueError(f"tier_profile={path!r} is invalid: it profiles {len(tiers)} ranks but the job has "
+        raise ValueError(f"tier_profile={path!r} is invalid: it profiles {counted(len(tiers), 'rank')} but the job has "
                          f"{world}; profile this cluster again")
     return tiers[rank]

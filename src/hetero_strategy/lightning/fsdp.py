@@ -31,6 +31,7 @@ from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.lightning.checkpoints import CheckpointFormats
 from hetero_strategy.lightning.environment import job_world_size
 from hetero_strategy.lightning.options import flat_config
+from hetero_strategy.lightning.quiet import show_epoch_total
 from hetero_strategy.lightning.runtime_parts import RuntimeParts
 from hetero_strategy.runtime.fsdp import (
     check_sharded_config,
@@ -139,6 +140,7 @@ class HeteroFSDPStrategy(RuntimeParts, ModelParallelStrategy):
         from lightning.fabric.utilities.optimizer import _optimizers_to_device
 
         self._loaders.setup(trainer)
+        show_epoch_total(trainer)  # not "Epoch 0/-2" under max_steps (quiet.py)
         self.accelerator.setup(trainer)
         self._shard(self.model)
         _materialize_distributed_module(self.model, self.root_device)

@@ -20,6 +20,7 @@ from hetero_strategy.config import ConfigError, HeteroConfig
 from hetero_strategy.lightning.dataloaders import LoaderPlacement
 from hetero_strategy.lightning.metrics import log_runtime_metrics
 from hetero_strategy.lightning.probe import probe_lightning_module
+from hetero_strategy.lightning.quiet import quiet_lightning
 from hetero_strategy.lightning.runs import Owner, carried_runtime
 from hetero_strategy.runtime import HeteroRuntime, StepTimer
 
@@ -53,6 +54,7 @@ class RuntimeParts:
             optimizer.zero_grad = zero_grad
 
     def _init_parts(self) -> None:
+        quiet_lightning()  # before the Trainer is built: it logs one of the messages (quiet.py)
         self._runtime = None
         self._owner = None  # (trainer, module) of the last run
         self._loaders = LoaderPlacement()  # who places the samplers, per stage

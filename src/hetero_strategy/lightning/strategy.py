@@ -37,6 +37,7 @@ from hetero_strategy.lightning.hybrid import HybridLoop
 from hetero_strategy.lightning.metrics import log_runtime_metrics
 from hetero_strategy.lightning.options import dropping_nonfinite, max_steps_of, strategy_config
 from hetero_strategy.lightning.precision import check_trainer_precision, policy_plugin
+from hetero_strategy.lightning.quiet import show_epoch_total
 from hetero_strategy.lightning.runtime_parts import RuntimeParts
 from hetero_strategy.runtime.sharded_io import is_sharded
 
@@ -140,6 +141,7 @@ class HeteroStrategy(RuntimeParts, DDPStrategy):
     @override
     def setup(self, trainer: Any) -> None:
         self._loaders.setup(trainer)  # hetero places the samplers (process_dataloader)
+        show_epoch_total(trainer)  # not "Epoch 0/-2" under max_steps (quiet.py)
         check_trainer_precision(trainer, self.hetero_config.precision.precision_policy)
         if self.runtime.precision is not None:
             self.runtime.precision.keep_fp32(trainer.lightning_module)

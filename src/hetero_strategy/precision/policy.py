@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hetero_strategy.cluster.devices import DeviceInfo, training_dtype
-from hetero_strategy.config import ConfigError
+from hetero_strategy.config import ConfigError, counted
 from hetero_strategy.config.precision import CAPABILITY_KEY, name_words
 
 __all__ = ["choose_dtype", "policy_plugin", "resolve_dtype"]
@@ -46,8 +46,9 @@ def choose_dtype(policy, rank: int, world: int, info: DeviceInfo) -> tuple[str, 
         return (training_dtype(info), "auto") if policy == "auto" else (policy, f"auto would pick {training_dtype(info)}")
     if isinstance(policy, (list, tuple)):
         if len(policy) != world:
-            raise ConfigError(f"precision_policy={list(policy)!r} is invalid: {len(policy)} entries for {world} "
-                              "ranks; give one dtype per rank")
+            raise ConfigError(f"precision_policy={list(policy)!r} is invalid: "
+                              f"{counted(len(policy), 'entry', 'entries')} for {counted(world, 'rank')}; "
+                              "give one dtype per rank")
         return policy[rank], f"entry {rank} of the list; auto would pick {training_dtype(info)}"
     name = name_words(info.name)
     parts = [k for k in policy if k != "default" and not CAPABILITY_KEY.match(k) and _contains(name, name_words(k))]

@@ -155,7 +155,7 @@ class HeteroRuntime(TrainingEvents):
             measure = self.hook_state.probe(measure)
         planned = plan_train_loader(self.config, self.rank, self.world_size, loader, seed=seed, measure=measure,
                                     shuffle=shuffle, all_ranks=all_ranks, accumulate=accumulate, info=self.info,
-                                    warn=self.warn)
+                                    warn=self.info_warning)  # the plan's warnings: every rank alike, said once
         self.state.attach(sampler=planned.sampler, balancer=planned.balancer)
         self.state.memory_caps, self.state.memory_probe = planned.memory_caps, planned.memory  # in the run record
         if planned.memory_caps is not None and isinstance(self.hook_state, ShardedReduction):

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hetero_strategy.config import counted
 from hetero_strategy.runtime.fsdp import fsdp_modules
 from hetero_strategy.runtime.sharded_optim import split_optimizer_states
 
@@ -136,6 +137,6 @@ def residual_size(hook: dict) -> dict[str, float]:
 def dropped_message(old_world: int, new_world: int, lost: list[dict[str, float]]) -> str:
     """What a resume under another world size drops: every old rank's residuals (``residual_size``)."""
     values, l1 = sum(x["values"] for x in lost), sum(x["l1"] for x in lost)
-    return (f"hetero: checkpoint of {old_world} ranks resumed on {new_world}: batch shares are planned for the new "
+    return (f"hetero: checkpoint of {counted(old_world, 'rank')} resumed on {new_world}: batch shares are planned for the new "
             f"world and the error-feedback residuals of all {old_world} old ranks are dropped ({values} values, "
             f"L1 norm {l1:.6g})")

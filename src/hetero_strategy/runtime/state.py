@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_strategy.config import ConfigError, HeteroConfig
+from hetero_strategy.config import ConfigError, HeteroConfig, counted
 from hetero_strategy.runtime.snapshot import dropped_message, residual_size, run_record
 
 __all__ = ["PARTS", "RuntimeState"]
@@ -120,8 +120,8 @@ class RuntimeState:
             self.load_state_dict(dict(ranks[self.rank]))
             return True
         if saved.get("run") is None:  # written before the run record existed
-            self._warn(f"hetero: checkpoint holds state of {len(ranks)} ranks but this job has "
-                       f"{self.world_size}; batch plan, data position and residuals start fresh")
+            self._info_warning(f"hetero: checkpoint holds state of {counted(len(ranks), 'rank')} but this job has "
+                               f"{self.world_size}; batch plan, data position and residuals start fresh")
             return False
         self.load_other_world(saved["run"])
         self._info_warning(dropped_message(saved["run"]["world_size"], self.world_size,

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from hetero_strategy.config import BalanceConfig, CompressionConfig
+from hetero_strategy.config import BalanceConfig, CompressionConfig, counted
 from hetero_strategy.wizard.question import Answers
 
 __all__ = [
@@ -83,7 +83,8 @@ def parse_tiers(text: str, answers: Answers) -> list[str] | None:
     CompressionConfig(tiers=tiers)  # refuses unknown tier names with the allowed ones
     if len(tiers) != n:
         # NOTE: CompressionConfig cannot check this itself (it does not know the world size).
-        raise ValueError(f"tiers={names!r} is invalid: has {len(names)} entries but the job has {n} ranks; "
+        raise ValueError(f"tiers={names!r} is invalid: has {counted(len(names), 'entry', 'entries')} but the job has "
+                         f"{counted(n, 'rank')}; "
                          f"give {n} tiers, one tier for every rank, or auto")
     return tiers
 
@@ -102,6 +103,6 @@ def parse_profile(text: str, answers: Answers) -> str | None:
         raise ValueError(f"profile={path!r} is invalid: not a cluster profile ({type(e).__name__}: {e}); "
                          "write one with `hetero-strategy profile --json PATH`") from None
     if ranks != answers.world_size:
-        raise ValueError(f"profile={path!r} is invalid: it measured {ranks} ranks but the job has "
+        raise ValueError(f"profile={path!r} is invalid: it measured {counted(ranks, 'rank')} but the job has "
                          f"{answers.world_size}; profile the job's ranks, or leave the path empty for none")
     return path

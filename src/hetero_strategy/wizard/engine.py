@@ -49,6 +49,9 @@ def collect(answers: Answers, presets: Mapping[str, Any], *, interactive: bool,
     for q in questions:
         if q.is_applicable(answers):
             answers[q.name] = _answer(q, answers, presets, interactive, say)
+            caution = q.caution(answers[q.name], answers) if q.caution else None
+            if caution:
+                say(f"warning: {caution}")
     unused = [name for name in presets if name not in answers]
     if unused:
         name = unused[0]
@@ -103,6 +106,14 @@ def _prompt(q: Question, answers: Answers, say: Printer) -> Any:
         return True
 
     shown = "" if default is REQUIRED else q.show(default)
-    # NOTE: validate on Enter only; while typing "3, 1" the half-typed "3," would flash a wrong-count error.
-    text = questionary.text(message, default=shown, validate=validate, validate_while_typing=False).unsafe_ask()
-    return q.parse_answer(text, answers)
+
+    def typed(text: str) -> str:
+        return text if text.strip() else shown  # Enter on an empty line takes the default
+
+    # NOTE: the line starts empty and the default is only a grey placeholder: a default put in the
+    # line as editable text would have typed answers appended to it ("1.0, 1.0" + "3,1" -> "1.0, 1.03,1").
+    # Validate on Enter only; while typing "3, 1" the half-typed "3," would flash a wrong-count error.
+    hint = [("fg:ansibrightblack", shown)] if shown else None
+    text = questionary.text(message, validate=lambda t: validate(typed(t)), validate_while_typing=False,
+                            placeholder=hint).unsafe_ask()
+    return q.parse_answer(typed(text), answers)

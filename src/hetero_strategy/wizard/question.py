@@ -78,6 +78,9 @@ class Question:
     it then takes its default unless a flag or the answers file gives one."""
     note: Callable[[Answers], str | None] | None = None
     """A line printed before the question is asked (e.g. what a profile proposes)."""
+    caution: Callable[[Any, Answers], str | None] | None = None
+    """A line printed after an answer that is valid but likely not what was meant (e.g. one process),
+    however it was given: typed, a flag, the answers file or the default."""
     help: str = ""
 
     def text_of(self, answers: Answers) -> str:

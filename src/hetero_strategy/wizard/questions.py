@@ -45,9 +45,19 @@ def _parse_num_processes(text: str, a: Answers) -> int:
 
 
 def _default_num_processes(a: Answers) -> int:
-    # As `accelerate launch` without a config: one process per visible GPU; one per machine on CPU.
-    per_machine = max(a.gpus, 1) if a.get("device") == "gpu" else 1
-    return per_machine * a.num_machines
+    # One process per visible GPU, as `accelerate launch` without a config. On CPU two ranks on one
+    # machine (one per machine on several): a single process is not distributed, nothing to split.
+    if a.get("device") == "gpu":
+        return max(a.gpus, 1) * a.num_machines
+    return 2 if a.num_machines == 1 else a.num_machines
+
+
+def _caution_num_processes(n: int, a: Answers) -> str | None:
+    if n > 1:
+        return None
+    return ("num_processes=1 starts one process: that is not distributed training (Accelerate's file says "
+            "distributed_type NO), so there is nothing to split across ranks and the hetero settings do nothing; "
+            "give 2 or more" + (" (this machine's CPU can run 2)" if a.get("device") != "gpu" else ""))
 
 
 def _profile_choices(a: Answers) -> list[tuple[str, str]]:
@@ -111,7 +121,7 @@ QUESTIONS: list[Question] = [
              choices=lambda a: [("cpu", "CPU"), ("gpu", "GPU (CUDA)")],
              default=lambda a: "gpu" if a.gpus else "cpu", help="cpu or gpu"),
     Question(name="num_processes", kind="text", message=_num_processes_message, default=_default_num_processes,
-             parse=_parse_num_processes, help="total over all machines, as in Accelerate"),
+             parse=_parse_num_processes, caution=_caution_num_processes, help="total over all machines, as in Accelerate"),
     Question(name="profile_source", kind="select", message="Propose the hetero settings from a cluster profile?",
              choices=_profile_choices, default=lambda a: "none", help="none, read or run"),
     Question(name="profile", kind="text", asked=lambda a: a.get("profile_source") == "read",
