@@ -167,15 +167,15 @@ def test_fabric_page_runs_as_printed(tmp_path):
     assert (tmp_path / "last.ckpt").is_file()
 
 
-def _bash(page: str) -> list[str]:
-    """The page's first ```bash command, split as a shell would."""
-    return shlex.split(re.search(r"```bash\n(.*?)\n```", (ROOT / "docs" / page).read_text(), re.DOTALL).group(1))
+def _first_command(page: str) -> list[str]:
+    """The page's first ```bash block, split as a shell would."""
+    return shlex.split("\n".join(_bash(page)[0]))
 
 
 @pytest.mark.slow
 def test_lightning_cli_page_runs_as_printed(tmp_path):
     (tmp_path / "train_cli.py").write_text(_code("lightning-cli.md"))
-    cmd = _bash("lightning-cli.md")
+    cmd = _first_command("lightning-cli.md")
     assert cmd[:2] == ["python", "train_cli.py"], cmd
     rc, log = run_command([sys.executable, *cmd[1:]], env=launch_env(), cwd=tmp_path, timeout=180)
     assert rc == 0, log[-4000:]
@@ -185,7 +185,7 @@ def test_lightning_cli_page_runs_as_printed(tmp_path):
 @pytest.mark.slow
 def test_bare_ddp_page_runs_as_printed(tmp_path):
     (tmp_path / "train_ddp.py").write_text(_code("bare-ddp.md"))
-    assert _bash("bare-ddp.md") == ["torchrun", "--nproc-per-node", "2", "train_ddp.py"]
+    assert _first_command("bare-ddp.md") == ["torchrun", "--nproc-per-node", "2", "train_ddp.py"]
     env = launch_env()
     rc, log = run_command([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", env["MASTER_PORT"],
                            "train_ddp.py"], env=env, cwd=tmp_path, timeout=180)
