@@ -71,7 +71,7 @@ def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
 
 
 def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
-    """A profile whose ranks timed the model: the planner's compute is b / rate + fixed, not TFLOP/s;
+    """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer, not TFLOP/s;
     measured on CPUs, it plans gloo and hides nothing of the exchange (overlap 0)."""
     from hetero_strategy.balance.plan import predict
     from hetero_strategy.cluster.model import describe_model
@@ -82,7 +82,8 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     ranks = [{"rank": k, "device": {"kind": "cpu", "name": "cpu"}, "training_dtype": "fp32",
               "matmul_tflops": {"fp32": 1.0}, "memory_gbps": 10.0, "compute_score": 1.0 / (k + 1),
               "bandwidth_gbit_s": 1.0, "tier": "eth1g", "latency_us": {"p50_us": 100.0},
-              "model_step": {"model": spec, "samples_per_s": 100.0 / (k + 1), "fixed_s": 0.01}} for k in range(2)]
+              "model_step": {"model": spec, "samples_per_s": 100.0 / (k + 1), "fixed_s": 0.006,
+                             "optimizer_s": 0.004}} for k in range(2)]
     # an all-reduce of 4 MB in 0.04 s: 100 MB/s of payload; on 2 ranks each sends it once
     doc = {"schema": SCHEMA, "backend": "gloo", "ranks": ranks,
            "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008},
@@ -94,7 +95,7 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     model = describe_model(spec)
     got = predict(cluster, model, 20, "dense")
     assert got.batch_sizes == [10, 10]
-    compute = 0.01 + 10 / 50.0  # the slower rank
+    compute = 0.006 + 0.004 + 10 / 50.0  # the slower rank: its fixed part, the optimizer, 10 samples
     comm = 4 * model.parameters / 1e8 + 100e-6  # payload at 100 MB/s + the measured one-entry latency
     assert got.step_s == pytest.approx(compute + comm)
     hetero = predict(cluster, model, 30, "dense", even=False)

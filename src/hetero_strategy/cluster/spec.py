@@ -57,7 +57,8 @@ class RankDevice:
     fixed_s: float = 0.0
     measured: bool = False
     model_step: tuple[str, float, float] | None = None
-    """(model, samples/s, fixed seconds) of that model's step as a profile timed it (``profile --model``)."""
+    """(model, samples/s, fixed seconds) of that model's step as a profile timed it (``profile --model``;
+    the fixed part with the optimizer's step)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
     step = measured.get("model_step")
     if isinstance(step, dict) and _number(step.get("samples_per_s")) and step["samples_per_s"] > 0 \
             and _number(step.get("fixed_s")) and isinstance(step.get("model"), str):
-        timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])))
+        optimizer = step.get("optimizer_s") if _number(step.get("optimizer_s")) else 0.0
+        timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])) + max(0.0, optimizer))
     else:
         timed = None
     return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed)
