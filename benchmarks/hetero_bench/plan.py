@@ -31,7 +31,7 @@ from typing import Any
 
 from hetero_bench import RESULTS
 from hetero_bench._ranks import run_job, worker
-from hetero_strategy.commands.flags import count, number, output_file
+from hetero_strategy.commands.flags import count, input_file, number, output_file
 
 __all__ = ["CONFIGS", "add_arguments", "run"]
 
@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
     parser.add_argument("--profile-bytes", default="16MB", help="largest all-reduce of the profile's sweep")
     parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per launch")
+    parser.add_argument("--from-json", type=input_file, default=None,
+                        help="no run: predict again from a stored result's profiles, against its measurements")
 
 
 def _profile(cluster: Any, spec: str, args: argparse.Namespace, out: Path, console: Any) -> Path:
@@ -122,28 +124,39 @@ def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: 
     return codec_rounds(json.loads(path.read_text()), list(_CODECS))
 
 
-def _config(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
-    from hetero_bench.plan_summary import compare
+def _measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    """One configuration on its emulated cluster: the profile measured there, and each method's
+    per-round step time and bytes per rank."""
     from hetero_strategy.emulate import EmulatedCluster
 
     config = CONFIGS[name]
-    world = len(config["compute"])
     console.print(f"[bold]{name}[/bold]: compute {config['compute']}, links {config['links']}")
     with EmulatedCluster(config["compute"], config["links"]) as cluster, \
             tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
         profile = _profile(cluster, config["spec"], args, Path(tmp), console)
-        predicted = _predict(profile, config, world, args.batch)
         if config["worker"] == "balance":
             measured = _measure_balance(cluster, config, args, Path(tmp), console)
         else:
             measured = _measure_codecs(cluster, args, Path(tmp), console)
-        stored = json.loads(profile.read_text())
-    result = compare(predicted, measured)
+        return {"profile": json.loads(profile.read_text()), "measured_rounds": measured,
+                "cluster": cluster.describe()}
+
+
+def _assess(name: str, raw: dict[str, Any], batch: int) -> dict[str, Any]:
+    """Predict from the configuration's profile alone, and compare with what was measured."""
+    from hetero_bench.plan_summary import compare
+
+    config = CONFIGS[name]
+    world = len(config["compute"])
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        path = Path(tmp, "profile.json")
+        path.write_text(json.dumps(raw["profile"]))
+        predicted = _predict(path, config, world, batch)
+    result = compare(predicted, raw["measured_rounds"])
     for m, v in result["methods"].items():
-        v["measured_batch_sizes"] = measured[m].get("batch_sizes")
-    result.update(compute=config["compute"], links=config["links"], model=config["spec"],
-                  global_batch=args.batch * world, profile=stored)
-    return result
+        v["measured_batch_sizes"] = raw["measured_rounds"][m].get("batch_sizes")
+    return {**result, "compute": config["compute"], "links": config["links"], "model": config["spec"],
+            "global_batch": batch * world, **raw}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,13 +172,22 @@ def run(args: argparse.Namespace) -> int:
                          f"{', '.join(CONFIGS)}, and --measure below --steps ({args.steps})")
     console = Console()
     started = time.perf_counter()
-    try:
-        configs = {n: _config(n, args, console) for n in names}
-    except (EmulatorError, RuntimeError) as e:
-        console.print(f"bench plan: {e}", markup=False, highlight=False)
+    if args.from_json:  # the stored run's profiles and measurements, predicted by this checkout's planner
+        doc = json.loads(Path(args.from_json).read_text())
+        stored, args.batch = doc["configs"], doc["setup"]["batch_per_rank"]
+        raws = {n: {k: stored[n][k] for k in ("profile", "measured_rounds", "cluster")} for n in names if n in stored}
+    else:
+        raws = {}
+        for n in names:
+            try:
+                raws[n] = _measure(n, args, console)
+            except (EmulatorError, RuntimeError) as e:  # NOTE: the other configurations still count
+                console.print(f"bench plan: {n}: {e}", markup=False, highlight=False)
+    if not raws:
         return 1
+    configs = {n: _assess(n, raw, args.batch) for n, raw in raws.items()}
     result = summarise(configs)
-    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv),
+    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
                          "statistics": "step: median over rounds of each round's median step (codecs: of single "

@@ -145,15 +145,21 @@ class AutoDecision:
                    table=dict(saved.get("table", {})), measured=dict(saved.get("measured", {})))
 
 
-def buckets_of(shapes: Sequence[Sequence[int]], cap_bytes: int = 25 << 20) -> list[list[tuple[int, ...]]]:
+def buckets_of(shapes: Sequence[Sequence[int]], cap_bytes: int = 25 << 20,
+               first_cap_bytes: int = 1 << 20) -> list[list[tuple[int, ...]]]:
     """DDP's bucket layout, approximately: parameters in reverse order, a new bucket once one holds
-    ``cap_bytes`` of fp32 (one bucket when the model is smaller than the cap)."""
+    ``cap_bytes`` of fp32, the first once it holds ``first_cap_bytes``.
+
+    NOTE: DDP closes its first bucket at 1 MB (``dist._DEFAULT_FIRST_BUCKET_BYTES``), so the
+    gradients ready first go out early: a model over 1 MB has two buckets or more, which decides
+    whether torch's PowerSGD hook can run on gloo (it aborts there with several).
+    """
     out: list[list[tuple[int, ...]]] = [[]]
-    size = 0
+    size, cap = 0, first_cap_bytes
     for s in reversed([tuple(s) for s in shapes]):
-        if size >= cap_bytes:
+        if size >= cap:
             out.append([])
-            size = 0
+            size, cap = 0, cap_bytes
         out[-1].append(s)
         size += 4 * math.prod(s)
     return out
