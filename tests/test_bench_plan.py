@@ -86,8 +86,8 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
                              "optimizer_s": 0.004}} for k in range(2)]
     # an all-reduce of 4 MB in 0.04 s: 100 MB/s of payload; on 2 ranks each sends it once
     doc = {"schema": SCHEMA, "backend": "gloo", "ranks": ranks,
-           "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008},
-                         {"bytes": 4_000_000, "time_s": 0.04, "algbw_gbit_s": 0.8}]}
+           "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008, "busbw_gbit_s": 0.008},
+                         {"bytes": 4_000_000, "time_s": 0.04, "algbw_gbit_s": 0.8, "busbw_gbit_s": 0.8}]}
     path = tmp_path / "node.json"
     path.write_text(json.dumps(doc))
     cluster = read_cluster([str(path)])
@@ -98,5 +98,10 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     compute = 0.006 + 0.004 + 10 / 50.0  # the slower rank: its fixed part, the optimizer, 10 samples
     comm = 4 * model.parameters / 1e8 + 100e-6  # payload at 100 MB/s + the measured one-entry latency
     assert got.step_s == pytest.approx(compute + comm)
+    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest:
+    # fp16 halves the first and not the second, 0.6 of fp32's time
+    assert cluster.wire_share == pytest.approx(0.8)
+    half = predict(cluster, model, 20, "fp16")
+    assert half.comm_s == pytest.approx(0.6 * 4 * model.parameters / 1e8 + 100e-6)
     hetero = predict(cluster, model, 30, "dense", even=False)
     assert hetero.batch_sizes == [20, 10]  # equal finishing times: 0.01 + 20/100 = 0.01 + 10/50

@@ -118,8 +118,13 @@ def _slowest(ranks: tuple[RankDevice, ...], seconds) -> float:
 
 
 def _half_ratio(cluster: PlanCluster) -> float:
-    # NOTE: gloo sums fp16 on the CPU at about fp32's speed, so its half-size all-reduce is no faster
-    return 0.5 if cluster.backend == "nccl" else 1.0
+    """An fp16 all-reduce's time over an fp32 one's of as many entries: half the bytes cross the
+    link, but gloo sums fp16 on the CPU at about fp32's speed; so 0.5 on NCCL, and on gloo 0.5 of
+    the share of the time the link takes (a profile's ``wire_share``) plus all of the rest."""
+    if cluster.backend == "nccl":
+        return 0.5
+    share = cluster.wire_share if cluster.wire_share is not None else 0.0
+    return 1.0 - 0.5 * share
 
 
 def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate: Candidate, even: bool,

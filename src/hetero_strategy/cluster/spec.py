@@ -70,6 +70,9 @@ class PlanCluster:
     efficiency: float = 0.4
     overlap: float = 0.5
     backend: str = "nccl"
+    wire_share: float | None = None
+    """The share of a measured all-reduce's time its link takes (its bus bandwidth over the
+    point-to-point one; the rest is the reduction's work); None where no profile measured both."""
 
     @property
     def world(self) -> int:
@@ -202,6 +205,15 @@ def _measured_link(doc: dict) -> Link:
     return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, latency_s / (2 * max(len(ranks) - 1, 1)))
 
 
+def _wire_share(doc: dict) -> float | None:
+    """busbw of the largest all-reduce / the slowest rank's point-to-point bandwidth, at most 1."""
+    sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("busbw_gbit_s"))]
+    p2p = [r.get("bandwidth_gbit_s") for r in doc["ranks"]]
+    if not sweep or not all(_number(b) and b > 0 for b in p2p):
+        return None
+    return min(1.0, max(sweep, key=lambda row: row.get("bytes") or 0)["busbw_gbit_s"] / min(p2p))
+
+
 def read_cluster(paths: list[str]) -> PlanCluster:
     """The cluster of one YAML file and/or profile JSON files (each profile one node).
 
@@ -256,4 +268,6 @@ def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     if len(ranks) > 1 << 20:
         _refuse("nodes", f"{len(ranks)} ranks", "plan at most 2**20 ranks")
     topo = Topology(tuple(per_node), tuple(intra), tuple(inter), hierarchical=backend == "nccl")
-    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend)
+    shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
+    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend,
+                       min(shares) if shares else None)
