@@ -72,7 +72,7 @@ def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
 
 def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer, not TFLOP/s;
-    measured on CPUs, it plans gloo and hides nothing of the exchange (overlap 0)."""
+    measured on CPUs, it plans gloo, and only the link's share of the exchange hides under compute."""
     from hetero_strategy.balance.plan import predict
     from hetero_strategy.cluster.model import describe_model
     from hetero_strategy.cluster.profile import SCHEMA
@@ -83,7 +83,7 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
               "matmul_tflops": {"fp32": 1.0}, "memory_gbps": 10.0, "compute_score": 1.0 / (k + 1),
               "bandwidth_gbit_s": 1.0, "tier": "eth1g", "latency_us": {"p50_us": 100.0},
               "model_step": {"model": spec, "samples_per_s": 100.0 / (k + 1), "fixed_s": 0.006,
-                             "optimizer_s": 0.004}} for k in range(2)]
+                             "optimizer_s": 0.004, "codec_s": {"topk_allreduce density 0.01": 0.05 * (k + 1)}}} for k in range(2)]
     # an all-reduce of 4 MB in 0.04 s: 100 MB/s of payload; on 2 ranks each sends it once
     doc = {"schema": SCHEMA, "backend": "gloo", "ranks": ranks,
            "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008, "busbw_gbit_s": 0.008},
@@ -91,17 +91,20 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     path = tmp_path / "node.json"
     path.write_text(json.dumps(doc))
     cluster = read_cluster([str(path)])
-    assert cluster.backend == "gloo" and cluster.overlap == 0.0
+    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest
+    assert cluster.backend == "gloo" and cluster.wire_share == pytest.approx(0.8)
+    assert cluster.overlap == pytest.approx(0.5 * 0.8)
     model = describe_model(spec)
     got = predict(cluster, model, 20, "dense")
     assert got.batch_sizes == [10, 10]
     compute = 0.006 + 0.004 + 10 / 50.0  # the slower rank: its fixed part, the optimizer, 10 samples
     comm = 4 * model.parameters / 1e8 + 100e-6  # payload at 100 MB/s + the measured one-entry latency
-    assert got.step_s == pytest.approx(compute + comm)
-    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest:
-    # fp16 halves the first and not the second, 0.6 of fp32's time
-    assert cluster.wire_share == pytest.approx(0.8)
+    assert got.compute_s == pytest.approx(compute) and got.comm_s == pytest.approx(comm)
+    assert got.step_s == pytest.approx(compute + comm - min(comm, 0.4 * compute))
+    # fp16 halves the link's share and not the CPU's: 0.6 of fp32's time
     half = predict(cluster, model, 20, "fp16")
     assert half.comm_s == pytest.approx(0.6 * 4 * model.parameters / 1e8 + 100e-6)
+    # the codec's work as timed, on each rank's compute: the slower rank's 0.1 s
+    assert predict(cluster, model, 20, "topk_allreduce").compute_s == pytest.approx(compute + 0.1)
     hetero = predict(cluster, model, 30, "dense", even=False)
     assert hetero.batch_sizes == [20, 10]  # equal finishing times: 0.01 + 20/100 = 0.01 + 10/50

@@ -102,4 +102,9 @@ def runtime_record(runtime: Any) -> dict[str, Any]:
                            "final_sizes": list(runtime.sampler.batch_sizes)}
     if runtime.balancer is not None:
         out["decisions"] = runtime.balancer.calibrator.decisions
+    decision = getattr(runtime.hook_state, "decision", None)  # compression="auto": the codec it chose
+    if decision is not None:
+        from hetero_strategy.hooks.auto import Candidate
+
+        out["codec"] = Candidate(decision.codec, decision.density, decision.rank).label
     return out

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=count(2), default=32, help="mean per-rank batch (default 32)")
     parser.add_argument("--rounds", type=count(1), default=2,
                         help="alternating rounds of the balance configurations (default 2); the codec one runs "
-                             "2 x this many steps per method, alternating step by step")
+                             "4 x this many steps per method, alternating step by step")
     parser.add_argument("--steps", type=count(4), default=12, help="training steps per method and round")
     parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
     parser.add_argument("--profile-bytes", default="16MB", help="largest all-reduce of the profile's sweep")
@@ -96,7 +96,8 @@ def _measure_balance(cluster: Any, config: dict[str, Any], args: argparse.Namesp
     from hetero_bench.plan_summary import balance_round
 
     modes = list(_BALANCE.values())
-    per: dict[str, dict[str, list]] = {m: {"step_s": [], "bytes_per_rank": [], "batch_sizes": []} for m in _BALANCE}
+    per: dict[str, dict[str, list]] = {m: {"step_s": [], "bytes_per_rank": [], "batch_sizes": [], "codec": []}
+                                       for m in _BALANCE}
     for i in range(args.rounds):
         order = modes if i % 2 == 0 else modes[::-1]  # drift in the machine's load favours no method
         cmd = [*worker("balance_worker"), "--framework", "ddp", "--mode", ",".join(order), "--count-bytes",
@@ -114,7 +115,7 @@ def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: 
     from hetero_bench.plan_summary import codec_rounds
 
     path = out / "steptime.json"
-    cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", str(2 * args.rounds),
+    cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", str(4 * args.rounds),
            "--methods", *_CODECS]
     started = time.perf_counter()
     res = cluster.run(cmd, timeout=args.timeout)
@@ -155,6 +156,7 @@ def _assess(name: str, raw: dict[str, Any], batch: int) -> dict[str, Any]:
     result = compare(predicted, raw["measured_rounds"])
     for m, v in result["methods"].items():
         v["measured_batch_sizes"] = raw["measured_rounds"][m].get("batch_sizes")
+        v["measured_codec"] = raw["measured_rounds"][m].get("codec")  # compression="auto"'s choice in the run
     return {**result, "compute": config["compute"], "links": config["links"], "model": config["spec"],
             "global_batch": batch * world, **raw}
 

@@ -38,7 +38,8 @@ def balance_round(raw: dict[str, list[dict]], measure: int) -> dict[str, dict[st
         sent = [_per_step(r["sent"], measure) for r in ranks if r.get("sent")]
         out[mode] = {"step_s": median_step(ranks[0]["starts"], measure),
                      "bytes_per_rank": statistics.fmean(sent) if len(sent) == len(ranks) else None,
-                     "batch_sizes": [int(statistics.median(r["batches"][-measure:])) for r in ranks]}
+                     "batch_sizes": [int(statistics.median(r["batches"][-measure:])) for r in ranks],
+                     "codec": ranks[0].get("codec")}
     return out
 
 

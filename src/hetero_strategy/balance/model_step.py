@@ -15,12 +15,14 @@ Example::
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from typing import Any
 
 import torch
 
-from hetero_strategy.balance.probe import ProbeExchange, probe_step_cost
+from hetero_strategy.balance.probe import StepCost, fit_step_cost
 from hetero_strategy.cluster.model import model_builder, model_loss
 
 __all__ = ["measure_model_step", "repeat_batch"]
@@ -37,16 +39,58 @@ def repeat_batch(batch: Any, size: int) -> Any:
     return batch.repeat(reps, *([1] * (batch.dim() - 1)))[:size]
 
 
-def measure_model_step(spec: str, batch: int, steps: int = 3) -> dict[str, Any]:
-    """This rank's step cost on ``spec`` at ``batch`` and ``batch // 2`` samples (collective when a
-    process group is up: every rank must call it with the same arguments)."""
+def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 1.0) -> dict[str, Any]:
+    """This rank's step cost on ``spec`` at ``batch`` and ``batch // 2`` samples.
+
+    Each figure is the median over ``steps`` windows of consecutive steps lasting ``window_s`` or
+    more, the two sizes interleaved. NOTE: not single steps: under a CPU quota (a cgroup's, or a
+    shared host's) a step runs in bursts of the scheduler's period (100 ms), so one step's time is
+    off by up to a period, and the fixed part, the difference of two such times, by twice that.
+    """
     torch.manual_seed(0)
     model, example = model_builder(spec)()
+    model.train()
     sizes = sorted({batch, max(1, batch // 2)}, reverse=True)
-    batches = [(repeat_batch(example, b), b) for b in sizes]
-    cost = probe_step_cost(model, lambda b: model_loss(model, b), batches, steps, exchange=ProbeExchange(dense=False))
+    batches = [repeat_batch(example, b) for b in sizes]
+
+    def run(x: Any, reps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            model_loss(model, x).backward()
+        return (time.perf_counter() - t0) / reps
+
+    reps = [max(1, math.ceil(window_s / max(run(x, 1), run(x, 1), 1e-6))) for x in batches]  # 2 warm-ups
+    windows: list[list[float]] = [[] for _ in sizes]
+    for _ in range(steps):
+        for k, x in enumerate(batches):
+            windows[k].append(run(x, reps[k]))
+    cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
+        StepCost(sizes[0] / statistics.median(windows[0]))
+    for p in model.parameters():
+        p.grad = None
     return {"model": spec, "batch": sizes, "samples_per_s": cost.samples_per_s, "fixed_s": cost.fixed_s,
-            "optimizer_s": _optimizer_seconds(model, steps)}
+            "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model)}
+
+
+def codec_seconds(model: torch.nn.Module) -> dict[str, float]:
+    """Seconds of each ``compression="auto"`` candidate's codec work on this model's gradient, per
+    step, keyed by the candidate's label: measured as ``compression="auto"`` measures it
+    (:func:`hetero_strategy.hooks.auto.measure`), without its collectives."""
+    from hetero_strategy.hooks.auto import CANDIDATES, powersgd_seconds
+    from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
+
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    numel = sum(math.prod(s) for s in shapes)
+    cpu = torch.device("cpu")
+    out = {}
+    for c in CANDIDATES:
+        if c.codec == "topk_allreduce":
+            per_entry = measure_codec_seconds_per_entry(cpu, "auto", c.density)
+            # the all-gather Top-K encodes alike (error feedback, then the selection)
+            out[c.label] = out[f"topk density {c.density:g}"] = per_entry * numel
+        elif c.codec == "powersgd":
+            out[c.label] = powersgd_seconds(shapes, c.rank, cpu)
+    return out
 
 
 def _optimizer_seconds(model: torch.nn.Module, steps: int) -> float:

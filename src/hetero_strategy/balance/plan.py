@@ -76,7 +76,11 @@ def _efficiency(r: RankDevice, model: ModelCost, default: float) -> float:
 
 
 def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float) -> float:
-    """One rank's codec work per step (bound by its memory bandwidth, or PowerSGD's fp32 matmuls)."""
+    """One rank's codec work per step: as a profile timed it on this model, else bound by its memory
+    bandwidth, or PowerSGD's fp32 matmuls."""
+    timed = dict(r.codec_s) if _timed(r, model) else {}
+    if c.label in timed:
+        return timed[c.label]
     if c.codec == "powersgd":
         eff = _efficiency(r, model, efficiency)
         return _powersgd_flops(model, c.rank or 4) / (eff * r.fp32_tflops * 1e12)

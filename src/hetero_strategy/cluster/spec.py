@@ -59,6 +59,8 @@ class RankDevice:
     model_step: tuple[str, float, float] | None = None
     """(model, samples/s, fixed seconds) of that model's step as a profile timed it (``profile --model``;
     the fixed part with the optimizer's step)."""
+    codec_s: tuple[tuple[str, float], ...] = ()
+    """(candidate label, seconds) of each codec's work on that model, as the profile timed it."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,9 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
         timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])) + max(0.0, optimizer))
     else:
         timed = None
-    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed)
+    codecs = step.get("codec_s") if timed is not None else None
+    codec_s = tuple((k, float(v)) for k, v in codecs.items() if _number(v) and v >= 0) if isinstance(codecs, dict) else ()
+    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed, codec_s)
 
 
 def _measured_link(doc: dict) -> Link:
@@ -246,9 +250,13 @@ def read_cluster(paths: list[str]) -> PlanCluster:
 def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     docs = [n.doc for n in nodes if n.doc is not None]
     cpu = len(docs) == len(nodes) and all((r.get("device") or {}).get("kind") == "cpu" for d in docs for r in d["ranks"])
-    # NOTE: measured on CPUs, each rank's one core runs both backward and the exchange's work (gloo's
-    # copies, sums and socket calls): nothing of the exchange hides under compute
-    eff, overlap = settings.get("efficiency", 0.4), settings.get("overlap", 0.0 if cpu else 0.5)
+    shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
+    wire = min(shares) if shares else None
+    # NOTE: measured on CPUs, each rank's one core runs both backward and the exchange's own work
+    # (gloo's copies, sums and socket calls): only the time the exchange waits on the link can hide
+    # under backward, so the default share (0.5) is scaled by the link's share of the exchange
+    eff = settings.get("efficiency", 0.4)
+    overlap = settings.get("overlap", 0.5 * (wire or 0.0) if cpu else 0.5)
     backend = settings.get("backend", "gloo" if any(d.get("backend") == "gloo" for d in docs) else "nccl")
     if not _number(eff) or not 0 < eff <= 1:
         _refuse("efficiency", eff, "give the share of peak TFLOP/s a step reaches, in (0, 1], e.g. 0.4")
@@ -268,6 +276,4 @@ def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     if len(ranks) > 1 << 20:
         _refuse("nodes", f"{len(ranks)} ranks", "plan at most 2**20 ranks")
     topo = Topology(tuple(per_node), tuple(intra), tuple(inter), hierarchical=backend == "nccl")
-    shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
-    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend,
-                       min(shares) if shares else None)
+    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend, wire)

@@ -45,8 +45,17 @@ from hetero_strategy.config import TIERS
 from hetero_strategy.dist import all_gather_floats, allreduce_seconds, device_for, measure_bandwidth_gbps
 from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
 
-__all__ = ["CANDIDATES", "STEP_FACTORS", "AutoDecision", "AutoMeasurement", "Candidate", "buckets_of", "choose",
-           "measure"]
+__all__ = [
+    "CANDIDATES",
+    "STEP_FACTORS",
+    "AutoDecision",
+    "AutoMeasurement",
+    "Candidate",
+    "buckets_of",
+    "choose",
+    "measure",
+    "powersgd_seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,7 @@ def _slowest(values: list[float], group) -> list[float]:
     return [max(column) for column in zip(*all_gather_floats(values, group))]
 
 
-def _powersgd_seconds(shapes: Sequence[Sequence[int]], rank: int, device: torch.device, repeats: int = 2) -> float:
+def powersgd_seconds(shapes: Sequence[Sequence[int]], rank: int, device: torch.device, repeats: int = 2) -> float:
     """One step of torch's PowerSGD matrix work on these shapes: P = MQ, orthogonalise P,
     Q = M^T P, the approximation PQ^T and the error M - PQ^T (best of ``repeats``)."""
     gen = torch.Generator().manual_seed(0)
@@ -209,7 +218,7 @@ def measure(process_group, shapes: Sequence[Sequence[int]], backend: str = "auto
         x.half().float()
         cast = min(cast, (time.perf_counter() - t0) / x.numel())
     local = [measure_codec_seconds_per_entry(device, backend, d) for d in densities]
-    local += [_powersgd_seconds(shapes, r, device) for r in ranks]
+    local += [powersgd_seconds(shapes, r, device) for r in ranks]
     agreed = _slowest([cast, *local], process_group)
     gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)  # agreed inside
     latency = allreduce_seconds(1, process_group, iters=5)
