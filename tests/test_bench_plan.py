@@ -108,3 +108,11 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     assert predict(cluster, model, 20, "topk_allreduce").compute_s == pytest.approx(compute + 0.1)
     hetero = predict(cluster, model, 30, "dense", even=False)
     assert hetero.batch_sizes == [20, 10]  # equal finishing times: 0.01 + 20/100 = 0.01 + 10/50
+
+
+def test_profile_refuses_a_model_it_cannot_import_before_any_probe(tmp_path):
+    from test_cli import _cli
+
+    code, text = _cli(["profile", "--model", "nosuch_module_x:build", "--json", str(tmp_path / "p.json")])
+    assert code == 2 and "model='nosuch_module_x:build' is invalid: cannot import it" in text, text
+    assert not (tmp_path / "p.json").exists()

@@ -57,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
     extra = None
     if args.model:
         from hetero_strategy.balance.model_step import measure_model_step
+        from hetero_strategy.cluster.model import model_builder
+        from hetero_strategy.config import ConfigError
+
+        try:  # before the probes: a model that cannot be imported is refused at once
+            model_builder(args.model)
+        except ConfigError as e:
+            print(f"profile: {e}")
+            return 2
 
         def extra() -> dict:
             return {"model_step": measure_model_step(args.model, args.model_batch)}
