@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Pinned for this machine: a CUDA build that runs on CPU and ships Triton.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test fuzz docs dist lint clean bench-balance bench-compression bench-kernels bench-bert bench-hybrid gpu-check
+.PHONY: install demo test fuzz docs dist lint clean bench-balance bench-plan bench-compression bench-kernels bench-bert bench-hybrid gpu-check
 
 install: $(STAMP)
 
@@ -52,6 +52,10 @@ bench-balance: install
 		--link 10gbit,10gbit,1gbit,100mbit --batch 32 --model resnet18_l3 --framework ddp \
 		--trainings ddp,ddp_powersgd,hetero_tiered --steps 12 --json benchmarks/results/balance_4rank_mixed.json
 	flock /tmp/hetero_cpu.lock $(BIN)/hetero-strategy bench lengths --json benchmarks/results/lengths.json
+
+# The planner against the emulator (issue 30): profile, predict and measure on 3 emulated clusters, ~10 min.
+bench-plan: install
+	flock /tmp/hetero_cpu.lock $(BIN)/hetero-strategy bench plan --json benchmarks/results/plan.json
 
 bench-compression: install
 	$(BIN)/hetero-strategy bench compression --json benchmarks/results/compression.json

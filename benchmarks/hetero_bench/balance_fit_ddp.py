@@ -25,6 +25,7 @@ from hetero_bench.balance_workload import (
     test_accuracy,
     train_data,
 )
+from hetero_bench.compression_e2e import interface_tx_bytes
 from hetero_strategy.workloads.step_clock import StepClock
 
 __all__ = ["fit"]
@@ -38,7 +39,7 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
     torch.manual_seed(0)
     net = bench_model(args.model)
     data = train_data(args.batch, world, steps)
-    clock = StepClock()
+    clock = StepClock(counter=interface_tx_bytes if getattr(args, "count_bytes", False) else None)
     clock.attach(net)
     runtime = None
     if mode == "solo":

@@ -22,7 +22,7 @@ __all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "spread", "summarise", 
 
 # What the worker can train (besides "solo" and "split"), and its models; here, not in the worker,
 # because the worker imports Lightning and the command line must not.
-TRAININGS = ("ddp", "ddp_powersgd", "hetero", "hetero_cal", "hetero_auto", "hetero_tiered")
+TRAININGS = ("ddp", "ddp_powersgd", "hetero", "hetero_cal", "hetero_auto", "hetero_tiered", "hetero_codec")
 MODELS = ("resnet18", "resnet18_l3")
 FRAMEWORKS = ("lightning", "ddp")  # the worker's training loops: balance_fit_<framework>.py
 

@@ -11,6 +11,8 @@ bare-DDP loop several in turn in one launch, sharing its process group):
 * ``split`` — ``batch_sizes=--sizes``: one fixed split of the benchmark's sweep.
 * ``ddp_powersgd`` — DDP with PyTorch's own ``powerSGD_hook`` (equal batches).
 * ``hetero_tiered`` — hetero with ``compression="tiered"`` and the static probe.
+* ``hetero_codec`` — hetero with ``compression="auto"`` and the static probe (``bench plan``'s
+  ``hetero_auto``).
 
 ``--framework lightning`` (default) trains with ``L.Trainer`` and ``HeteroStrategy``;
 ``--framework ddp`` with torch DDP and :class:`~hetero_strategy.runtime.HeteroRuntime`, no
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action="store_true", help="lightning: show the progress bar")
     p.add_argument("--overlap-comm", choices=("on", "off"), default="on", help="hetero: overlap_comm")
     p.add_argument("--accuracy", action="store_true", help="report test accuracy after training")
+    p.add_argument("--count-bytes", action="store_true",
+                   help="--framework ddp: record this rank's interface transmit counter at each step (\"sent\")")
     args = p.parse_args(argv)
     modes = args.mode.split(",")
     if any(m not in MODES for m in modes) or (len(modes) > 1 and ("solo" in modes[1:] or args.framework != "ddp")):

@@ -36,13 +36,13 @@ def bench_model(model: str = "resnet18") -> torch.nn.Module:
 def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str, Any]:
     """The flat options of a hetero mode: ``HeteroStrategy(**o)`` or ``HeteroConfig.from_flat(**o)``."""
     opts: dict[str, Any] = {"overlap_comm": args.overlap_comm == "on"}
-    if mode == "hetero_tiered":
+    if mode in ("hetero_tiered", "hetero_codec"):
         # The measured window (the last --measure steps) holds compressed steps only: the dense
         # warm-up ends where it starts (at least 2 steps, as PowerSGD's start_powerSGD_iter), and
         # the density decays over twice the window, so the window sees the first half of the cosine
         # (at --steps 20 --measure 10 these are the defaults: warm-up 10, period 20 = max_steps).
-        opts.update(compression="tiered", dense_warmup_steps=max(2, args.steps - args.measure),
-                    density_period=2 * args.measure)
+        opts.update(compression="tiered" if mode == "hetero_tiered" else "auto",
+                    dense_warmup_steps=max(2, args.steps - args.measure), density_period=2 * args.measure)
     elif mode == "split":
         opts["batch_sizes"] = [int(b) for b in args.sizes.split(",")]
     elif mode in ("hetero_cal", "hetero_auto"):
@@ -102,4 +102,9 @@ def runtime_record(runtime: Any) -> dict[str, Any]:
                            "final_sizes": list(runtime.sampler.batch_sizes)}
     if runtime.balancer is not None:
         out["decisions"] = runtime.balancer.calibrator.decisions
+    decision = getattr(runtime.hook_state, "decision", None)  # compression="auto": the codec it chose
+    if decision is not None:
+        from hetero_strategy.hooks.auto import Candidate
+
+        out["codec"] = Candidate(decision.codec, decision.density, decision.rank).label
     return out

@@ -15,7 +15,10 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: list[str] = ["demo", "emulate", "profile", "bench", "config", "check", "plan"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or with ``command`` of that one only: the others are still
+    listed (name and help, for ``--help``) but their arguments are not built (``bench``'s import
+    every benchmark module, seconds of work that ``plan`` or ``profile`` need not wait for)."""
     parser = argparse.ArgumentParser(
         prog="hetero-strategy",
         description="Data-parallel training for heterogeneous GPU clusters (Lightning / Accelerate).",
@@ -24,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f"hetero_strategy.commands.{name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
-        module.add_arguments(p)
+        if command is None or module.NAME == command:
+            module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
@@ -34,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with stopping_on_signals():  # every command's ranks and emulated cluster go on SIGTERM/INT/HUP
-            parser = build_parser()
+            argv = sys.argv[1:] if argv is None else list(argv)
+            # the top-level parser takes no option but -h: the first other word names the command
+            chosen = next((a for a in argv if not a.startswith("-")), None)
+            parser = build_parser(chosen if chosen in COMMANDS else "")  # "": no command needs its arguments
             args = parser.parse_args(argv)
             if not getattr(args, "_run", None):
                 parser.print_help()

@@ -32,7 +32,7 @@ from hetero_strategy.cluster.spec import PlanCluster, RankDevice
 from hetero_strategy.cluster.wire import bytes_per_rank
 from hetero_strategy.hooks.auto import STEP_FACTORS, AutoMeasurement, Candidate, buckets_of, choose
 
-__all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "MethodPlan", "plan", "plan_methods", "scale"]
+__all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "MethodPlan", "plan", "plan_methods", "predict", "scale"]
 
 METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
 
@@ -40,7 +40,7 @@ METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
 #: bounds: Top-K with error feedback reads the gradient and residual, writes the accumulator,
 #: reads it for the non-finite marker and the selection passes, and writes the residual (~10 x 4 B);
 #: the fp16 cast reads 4 B, writes 2, and back (12 B).
-CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "fp16": 12.0}
+CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "topk": 40.0, "fp16": 12.0}
 
 
 @dataclass
@@ -57,14 +57,33 @@ class MethodPlan:
     """Steps to the same accuracy relative to dense (``compression="auto"``'s table)."""
 
 
+def _timed(r: RankDevice, model: ModelCost) -> bool:
+    return r.model_step is not None and r.model_step[0] == model.name
+
+
 def _costs(cluster: PlanCluster, model: ModelCost) -> list[StepCost]:
-    return [StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s) for r in cluster.ranks]
+    """Each rank's step: as a profile timed it on this model, else ``efficiency`` x its TFLOP/s."""
+    return [StepCost(r.model_step[1], r.model_step[2]) if _timed(r, model) else
+            StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s) for r in cluster.ranks]
+
+
+def _efficiency(r: RankDevice, model: ModelCost, default: float) -> float:
+    """The share of its matmul rate a rank's step reaches: measured where a profile timed the model
+    (its FLOPs per second over the probe's matmul TFLOP/s), else the cluster's ``efficiency``."""
+    if _timed(r, model):
+        return min(1.0, r.model_step[1] * model.flops_per_sample / (r.tflops * 1e12))
+    return default
 
 
 def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float) -> float:
-    """One rank's codec work per step (bound by its memory bandwidth, or PowerSGD's fp32 matmuls)."""
+    """One rank's codec work per step: as a profile timed it on this model, else bound by its memory
+    bandwidth, or PowerSGD's fp32 matmuls."""
+    timed = dict(r.codec_s) if _timed(r, model) else {}
+    if c.label in timed:
+        return timed[c.label]
     if c.codec == "powersgd":
-        return _powersgd_flops(model, c.rank or 4) / (efficiency * r.fp32_tflops * 1e12)
+        eff = _efficiency(r, model, efficiency)
+        return _powersgd_flops(model, c.rank or 4) / (eff * r.fp32_tflops * 1e12)
     return CODEC_BYTES_PER_ENTRY.get(c.codec, 0.0) * model.parameters / (r.memory_gbps * 1e9)
 
 
@@ -103,8 +122,13 @@ def _slowest(ranks: tuple[RankDevice, ...], seconds) -> float:
 
 
 def _half_ratio(cluster: PlanCluster) -> float:
-    # NOTE: gloo sums fp16 on the CPU at about fp32's speed, so its half-size all-reduce is no faster
-    return 0.5 if cluster.backend == "nccl" else 1.0
+    """An fp16 all-reduce's time over an fp32 one's of as many entries: half the bytes cross the
+    link, but gloo sums fp16 on the CPU at about fp32's speed; so 0.5 on NCCL, and on gloo 0.5 of
+    the share of the time the link takes (a profile's ``wire_share``) plus all of the rest."""
+    if cluster.backend == "nccl":
+        return 0.5
+    share = cluster.wire_share if cluster.wire_share is not None else 0.0
+    return 1.0 - 0.5 * share
 
 
 def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate: Candidate, even: bool,
@@ -124,6 +148,15 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
     step = step_seconds(compute, comm, cluster.overlap)
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, step_factor)
+
+
+def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: str, even: bool = True,
+            density: float = 0.01, rank: int = 4) -> MethodPlan:
+    """One exchange ``codec`` (:data:`~hetero_strategy.cluster.wire.CODECS`; Top-K at ``density``,
+    PowerSGD at ``rank``) with equal batches, or the hetero split (``even=False``)."""
+    return _method(cluster, model, global_batch, Candidate(codec, density if "topk" in codec else None,
+                                                             rank if codec == "powersgd" else None),
+                   even, buckets_of(model.shapes))
 
 
 def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict[str, MethodPlan]:

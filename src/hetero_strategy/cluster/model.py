@@ -31,7 +31,7 @@ import torch
 
 from hetero_strategy.config.errors import ConfigError, shown
 
-__all__ = ["MODELS", "ModelCost", "describe_model"]
+__all__ = ["MODELS", "ModelCost", "describe_model", "model_builder", "model_loss"]
 
 _SEQ = 128
 
@@ -115,6 +115,26 @@ def _loss(out: Any) -> torch.Tensor:
     return out.float().sum()
 
 
+def model_builder(spec: str) -> Callable[[], tuple[torch.nn.Module, Any]]:
+    """What builds ``spec`` (a name of :data:`MODELS` or ``module:callable``): ``() -> (module, batch)``,
+    on whatever device is current (the meta device here; the CPU for a probe that times it).
+
+    Raises:
+        ConfigError: an unknown name, a path that cannot be imported.
+    """
+    if spec in MODELS:
+        return MODELS[spec]
+    if ":" in spec:
+        return _from_path(spec)
+    raise ConfigError(f"model={shown(spec)} is invalid: choose one of {', '.join(MODELS)}, or give module:callable")
+
+
+def model_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """A scalar of one forward on ``batch`` (a tensor, a tuple of inputs or a dict of keywords) to backpropagate."""
+    out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
+    return _loss(out)
+
+
 def describe_model(spec: str) -> ModelCost:
     """Parameter shapes and FLOPs per sample of a named model or ``module:callable``.
 
@@ -123,19 +143,13 @@ def describe_model(spec: str) -> ModelCost:
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    if spec in MODELS:
-        build = MODELS[spec]
-    elif ":" in spec:
-        build = _from_path(spec)
-    else:
-        raise ConfigError(f"model={shown(spec)} is invalid: choose one of {', '.join(MODELS)}, or give module:callable")
+    build = model_builder(spec)
     try:
         with torch.device("meta"):
             model, batch = build()
             model.train()
             with FlopCounterMode(display=False) as counter:
-                out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
-                _loss(out).backward()
+                model_loss(model, batch).backward()
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's model: say what failed, on one line

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,13 @@ class ProfileInputs:
 
 
 def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_n: int = 1024,
-                budget_s: float = 0.3, latency_iters: int = 200) -> dict[str, Any]:
-    """Profile every rank of the job (initialising gloo/nccl from the torchrun environment if needed)."""
+                budget_s: float = 0.3, latency_iters: int = 200,
+                extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Profile every rank of the job (initialising gloo/nccl from the torchrun environment if needed).
+
+    ``extra``: more measurements of this rank, merged into its entry (e.g. ``model_step``, a
+    model's step timed by the command); called on every rank, after the link probes.
+    """
     owned = _init_from_env()
     try:
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -69,6 +75,8 @@ def run_profile(*, max_bytes: int = 256 << 20, p2p_bytes: int = 4 << 20, matmul_
             sweep = probes.allreduce_sweep(probes.sweep_sizes(max_bytes=max_bytes), budget_s)
             p2p = probes.p2p_matrix(device, p2p_bytes)
             mine["latency_us"] = probes.allreduce_latency(device, latency_iters)
+        if extra is not None:
+            mine.update(extra())
         ranks = _gather(mine, world)
         if owned:
             dist.barrier()  # NOTE: gloo aborts a process whose peer hung up mid-exchange; leave together
@@ -116,8 +124,9 @@ def load_profile(path: str | Path) -> ProfileInputs:
                          bandwidth_gbit_s=[float(b) for b in bw], tiers=[r.get("tier") or "eth1g" for r in ranks])
 
 
-def read_profile(path: str | Path) -> list[dict[str, Any]]:
-    """A profile JSON's rank entries, checked and sorted by rank (the raw measurements).
+def read_profile(path: str | Path, whole: bool = False) -> Any:
+    """A profile JSON's rank entries, checked and sorted by rank (the raw measurements); with
+    ``whole``, the checked document (its ``ranks`` sorted).
 
     Raises:
         ConfigError: ``profile='<path>' is invalid: ...`` naming what is wrong (unreadable, not
@@ -147,7 +156,8 @@ def read_profile(path: str | Path) -> list[dict[str, Any]]:
     why = _rank_problem(ranks)
     if why:
         raise refuse(why)
-    return sorted(ranks, key=lambda r: r["rank"])
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    return dict(data, ranks=ranks) if whole else ranks
 
 
 def _rank_problem(ranks: list[Any]) -> str | None:

@@ -56,6 +56,11 @@ class RankDevice:
     """fp32 TFLOP/s (PowerSGD's matrix work runs in fp32)."""
     fixed_s: float = 0.0
     measured: bool = False
+    model_step: tuple[str, float, float] | None = None
+    """(model, samples/s, fixed seconds) of that model's step as a profile timed it (``profile --model``;
+    the fixed part with the optimizer's step)."""
+    codec_s: tuple[tuple[str, float], ...] = ()
+    """(candidate label, seconds) of each codec's work on that model, as the profile timed it."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class PlanCluster:
     efficiency: float = 0.4
     overlap: float = 0.5
     backend: str = "nccl"
+    wire_share: float | None = None
+    """The share of a measured all-reduce's time its link takes (its bus bandwidth over the
+    point-to-point one; the rest is the reduction's work); None where no profile measured both."""
 
     @property
     def world(self) -> int:
@@ -106,19 +114,20 @@ class _Node:
         fixed = e.get("fixed_ms", 0.0)
         if not _number(fixed) or fixed < 0:
             _refuse(f"{self.where}.fixed_ms", fixed, "give a step's fixed cost in ms, a number >= 0")
-        measured = self._measured(e.get("profile"))
+        self.doc = self._measured(e.get("profile"))
+        measured = None if self.doc is None else self.doc["ranks"]
         self.devices = self._devices(e.get("devices"), measured, name, fixed / 1e3)
         self.intra = self._link("intra", e.get("intra", "nvlink" if measured is None else None), measured)
         self.inter = self._link("inter", e.get("inter", "eth10g" if measured is None else None), measured)
 
-    def _measured(self, profile: Any) -> list[dict] | None:
+    def _measured(self, profile: Any) -> dict | None:
         if profile is None:
             return None
         from hetero_strategy.cluster.profile import read_profile
 
         if not isinstance(profile, str) or not profile:
             _refuse(f"{self.where}.profile", profile, "give the path of a `hetero-strategy profile` JSON")
-        return read_profile(self.base / profile)
+        return read_profile(self.base / profile, whole=True)
 
     def _devices(self, devices: Any, measured: list[dict] | None, node: str, fixed_s: float) -> list[RankDevice]:
         cards = load_cards().cards
@@ -143,8 +152,8 @@ class _Node:
 
     def _link(self, key: str, value: Any, measured: list[dict] | None) -> Link:
         links = load_cards().links
-        if value is None and measured is not None:
-            return _measured_link(measured)
+        if value is None and self.doc is not None:
+            return _measured_link(self.doc)
         if isinstance(value, str) and value in links:
             return links[value]
         try:  # NOTE: a bare rate gets a typical Ethernet latency; name a link kind for another
@@ -172,16 +181,41 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
                 "re-run `hetero-strategy profile`: it measures both")
     name = card.name if card else str((measured.get("device") or {}).get("name", "measured"))
     fp32 = rates.get("fp32") or (card.tflops["fp32"] if card else tflops)
-    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, measured=True)
+    step = measured.get("model_step")
+    if isinstance(step, dict) and _number(step.get("samples_per_s")) and step["samples_per_s"] > 0 \
+            and _number(step.get("fixed_s")) and isinstance(step.get("model"), str):
+        optimizer = step.get("optimizer_s") if _number(step.get("optimizer_s")) else 0.0
+        timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])) + max(0.0, optimizer))
+    else:
+        timed = None
+    codecs = step.get("codec_s") if timed is not None else None
+    codec_s = tuple((k, float(v)) for k, v in codecs.items() if _number(v) and v >= 0) if isinstance(codecs, dict) else ()
+    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed, codec_s)
 
 
-def _measured_link(ranks: list[dict]) -> Link:
-    """A profile's link: its slowest rank's bandwidth, its all-reduce latency spread over the ring's hops."""
-    gbit = [r["bandwidth_gbit_s"] for r in ranks if r.get("bandwidth_gbit_s")]
+def _measured_link(doc: dict) -> Link:
+    """A profile's link: what its largest all-reduce measured (the collective the cost model times,
+    with the reduction's own work in it, which on gloo is CPU time), else its slowest rank's
+    point-to-point bandwidth; the small all-reduce's latency spread over the ring's hops."""
+    ranks = doc["ranks"]
     latency = [(r.get("latency_us") or {}).get("p50_us") for r in ranks]
     latency = [x for x in latency if _number(x)]
-    hops = 2 * max(len(ranks) - 1, 1)
-    return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, (max(latency) * 1e-6 / hops) if latency else 20e-6)
+    latency_s = max(latency) * 1e-6 if latency else 20e-6 * 2 * max(len(ranks) - 1, 1)
+    sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("algbw_gbit_s"))]
+    if sweep and len(ranks) > 1:
+        biggest = max(sweep, key=lambda row: row.get("bytes") or 0)
+        return Link.from_allreduce(biggest["algbw_gbit_s"] * 1e9 / 8, len(ranks), latency_s)
+    gbit = [r["bandwidth_gbit_s"] for r in ranks if r.get("bandwidth_gbit_s")]
+    return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, latency_s / (2 * max(len(ranks) - 1, 1)))
+
+
+def _wire_share(doc: dict) -> float | None:
+    """busbw of the largest all-reduce / the slowest rank's point-to-point bandwidth, at most 1."""
+    sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("busbw_gbit_s"))]
+    p2p = [r.get("bandwidth_gbit_s") for r in doc["ranks"]]
+    if not sweep or not all(_number(b) and b > 0 for b in p2p):
+        return None
+    return min(1.0, max(sweep, key=lambda row: row.get("bytes") or 0)["busbw_gbit_s"] / min(p2p))
 
 
 def read_cluster(paths: list[str]) -> PlanCluster:
@@ -214,8 +248,16 @@ def read_cluster(paths: list[str]) -> PlanCluster:
 
 
 def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
-    eff, overlap, backend = (settings.get("efficiency", 0.4), settings.get("overlap", 0.5),
-                             settings.get("backend", "nccl"))
+    docs = [n.doc for n in nodes if n.doc is not None]
+    cpu = len(docs) == len(nodes) and all((r.get("device") or {}).get("kind") == "cpu" for d in docs for r in d["ranks"])
+    shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
+    wire = min(shares) if shares else None
+    # NOTE: measured on CPUs, each rank's one core runs both backward and the exchange's own work
+    # (gloo's copies, sums and socket calls): only the time the exchange waits on the link can hide
+    # under backward, so the default share (0.5) is scaled by the link's share of the exchange
+    eff = settings.get("efficiency", 0.4)
+    overlap = settings.get("overlap", 0.5 * (wire or 0.0) if cpu else 0.5)
+    backend = settings.get("backend", "gloo" if any(d.get("backend") == "gloo" for d in docs) else "nccl")
     if not _number(eff) or not 0 < eff <= 1:
         _refuse("efficiency", eff, "give the share of peak TFLOP/s a step reaches, in (0, 1], e.g. 0.4")
     if not _number(overlap) or not 0 <= overlap <= 1:
@@ -234,4 +276,4 @@ def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     if len(ranks) > 1 << 20:
         _refuse("nodes", f"{len(ranks)} ranks", "plan at most 2**20 ranks")
     topo = Topology(tuple(per_node), tuple(intra), tuple(inter), hierarchical=backend == "nccl")
-    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend)
+    return PlanCluster(tuple(ranks), topo, tuple(tiers), float(eff), float(overlap), backend, wire)

@@ -23,7 +23,7 @@ from hetero_strategy.commands.flags import UsageError
 
 NAME = "bench"
 HELP = ("Run a benchmark: compression (hooks on a slow link), balance (batch split on mixed devices), "
-        "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost), soak (a flapping link) or hybrid (local-SGD phases).")
+        "accelerate (the plugin's overhead), overlap (pipelined Top-K) lengths (dealing text by cost), soak (a flapping link), hybrid (local-SGD phases) or plan (the planner against the emulator).")
 
 __all__ = ["CHECKOUT", "HELP", "MODES", "NAME", "NOT_IN_CHECKOUT", "add_arguments", "benchmarks_dir", "run"]
 
@@ -37,6 +37,7 @@ MODES = {
     "lengths": "variable-length samples dealt out by cost vs by count on a length-skewed text task",
     "soak": "a long calibrating run while one link flaps: throughput before, during and after; leaks",
     "hybrid": "local-SGD phases (mode='hybrid') vs synchronous hetero and Top-K: time to a target accuracy",
+    "plan": "hetero-strategy plan's predicted step time and bytes per rank against the emulated clusters' measured",
 }
 
 # An editable install imports the package from <checkout>/src/hetero_strategy/; a wheel from site-packages.

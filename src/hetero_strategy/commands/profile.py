@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p2p-bytes", type=_bytes, default=4 << 20, help="bytes per point-to-point transfer")
     parser.add_argument("--matmul-n", type=count(16), default=1024, help="matrix size of the matmul probe")
     parser.add_argument("--budget", type=number(what="seconds"), default=0.3, help="seconds per timed probe")
+    parser.add_argument("--model", default=None,
+                        help="also time this model's training step on every rank (a `hetero-strategy plan` model "
+                             "name or module:callable): `plan` then rates the ranks from it, not from TFLOP/s")
+    parser.add_argument("--model-batch", type=count(2), default=32, help="--model: samples per step (and half)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +54,22 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.cluster.profile import run_profile, save_profile
     from hetero_strategy.cluster.report import profile_tables
 
+    extra = None
+    if args.model:
+        from hetero_strategy.balance.model_step import measure_model_step
+        from hetero_strategy.cluster.model import model_builder
+        from hetero_strategy.config import ConfigError
+
+        try:  # before the probes: a model that cannot be imported is refused at once
+            model_builder(args.model)
+        except ConfigError as e:
+            print(f"profile: {e}")
+            return 2
+
+        def extra() -> dict:
+            return {"model_step": measure_model_step(args.model, args.model_batch)}
     profile = run_profile(max_bytes=args.max_bytes, p2p_bytes=args.p2p_bytes, matmul_n=args.matmul_n,
-                          budget_s=args.budget)
+                          budget_s=args.budget, extra=extra)
     if os.environ.get("RANK", "0") != "0":  # rank 0 reports; the others only took part in the probes
         return 0
     console = Console()

@@ -45,8 +45,17 @@ from hetero_strategy.config import TIERS
 from hetero_strategy.dist import all_gather_floats, allreduce_seconds, device_for, measure_bandwidth_gbps
 from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
 
-__all__ = ["CANDIDATES", "STEP_FACTORS", "AutoDecision", "AutoMeasurement", "Candidate", "buckets_of", "choose",
-           "measure"]
+__all__ = [
+    "CANDIDATES",
+    "STEP_FACTORS",
+    "AutoDecision",
+    "AutoMeasurement",
+    "Candidate",
+    "buckets_of",
+    "choose",
+    "measure",
+    "powersgd_seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -145,15 +154,21 @@ class AutoDecision:
                    table=dict(saved.get("table", {})), measured=dict(saved.get("measured", {})))
 
 
-def buckets_of(shapes: Sequence[Sequence[int]], cap_bytes: int = 25 << 20) -> list[list[tuple[int, ...]]]:
+def buckets_of(shapes: Sequence[Sequence[int]], cap_bytes: int = 25 << 20,
+               first_cap_bytes: int = 1 << 20) -> list[list[tuple[int, ...]]]:
     """DDP's bucket layout, approximately: parameters in reverse order, a new bucket once one holds
-    ``cap_bytes`` of fp32 (one bucket when the model is smaller than the cap)."""
+    ``cap_bytes`` of fp32, the first once it holds ``first_cap_bytes``.
+
+    NOTE: DDP closes its first bucket at 1 MB (``dist._DEFAULT_FIRST_BUCKET_BYTES``), so the
+    gradients ready first go out early: a model over 1 MB has two buckets or more, which decides
+    whether torch's PowerSGD hook can run on gloo (it aborts there with several).
+    """
     out: list[list[tuple[int, ...]]] = [[]]
-    size = 0
+    size, cap = 0, first_cap_bytes
     for s in reversed([tuple(s) for s in shapes]):
-        if size >= cap_bytes:
+        if size >= cap:
             out.append([])
-            size = 0
+            size, cap = 0, cap_bytes
         out[-1].append(s)
         size += 4 * math.prod(s)
     return out
@@ -164,7 +179,7 @@ def _slowest(values: list[float], group) -> list[float]:
     return [max(column) for column in zip(*all_gather_floats(values, group))]
 
 
-def _powersgd_seconds(shapes: Sequence[Sequence[int]], rank: int, device: torch.device, repeats: int = 2) -> float:
+def powersgd_seconds(shapes: Sequence[Sequence[int]], rank: int, device: torch.device, repeats: int = 2) -> float:
     """One step of torch's PowerSGD matrix work on these shapes: P = MQ, orthogonalise P,
     Q = M^T P, the approximation PQ^T and the error M - PQ^T (best of ``repeats``)."""
     gen = torch.Generator().manual_seed(0)
@@ -203,7 +218,7 @@ def measure(process_group, shapes: Sequence[Sequence[int]], backend: str = "auto
         x.half().float()
         cast = min(cast, (time.perf_counter() - t0) / x.numel())
     local = [measure_codec_seconds_per_entry(device, backend, d) for d in densities]
-    local += [_powersgd_seconds(shapes, r, device) for r in ranks]
+    local += [powersgd_seconds(shapes, r, device) for r in ranks]
     agreed = _slowest([cast, *local], process_group)
     gbps = measure_bandwidth_gbps(process_group, min_seconds=0.02)  # agreed inside
     latency = allreduce_seconds(1, process_group, iters=5)

@@ -13,11 +13,14 @@ Example::
         clock.batch_end()
     clock.close()
     record = clock.record("ddp")   # {"mode", "starts", "batches", "compute_s"}
+
+    StepClock(counter=read_tx_bytes)   # also "sent": the counter at each step's start and at the end
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +36,10 @@ class StepClock:
     for peers. The same clock serves plain DDP, hetero and solo runs (a tensor hook changes none).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, counter: Callable[[], int] | None = None) -> None:
+        self.counter = counter
+        """Read at each step's start and at the close (e.g. the bytes this rank's interface sent)."""
+        self.sent: list[int] = []
         self.starts: list[float] = []
         self.batches: list[int] = []
         self.compute_s: list[float] = []
@@ -47,6 +53,8 @@ class StepClock:
         self._grad_time = time.perf_counter()
 
     def batch_start(self, n: int) -> None:
+        if self.counter is not None:  # before the clock: the previous step's exchange is done by now
+            self.sent.append(self.counter())
         self.starts.append(time.perf_counter())
         self.batches.append(int(n))
         self._grad_time = None
@@ -57,6 +65,9 @@ class StepClock:
 
     def close(self) -> None:
         self.starts.append(time.perf_counter())  # closes the last step
+        if self.counter is not None:
+            self.sent.append(self.counter())
 
     def record(self, mode: str) -> dict[str, Any]:
-        return {"mode": mode, "starts": self.starts, "batches": self.batches, "compute_s": self.compute_s}
+        out = {"mode": mode, "starts": self.starts, "batches": self.batches, "compute_s": self.compute_s}
+        return out | ({"sent": self.sent} if self.counter is not None else {})

@@ -1,0 +1,205 @@
+"""``hetero-strategy bench plan``: the planner's predictions checked against the emulator.
+
+On each of the emulated clusters that ``bench balance`` and ``bench compression`` run:
+
+* ``2rank_compute`` — 2 ranks, 1.0 / 0.57 of a core, 10 Gbit/s; bench balance's ResNet-18;
+* ``4rank_mixed`` — 4 ranks, 0.5 / 0.45 / 0.3 / 0.25 of a core on 10 Gbit/s, 10 Gbit/s, 1 Gbit/s and
+  100 Mbit/s (bench balance's mixed cluster), ResNet-18 without layer4;
+* ``2rank_100mbit`` — 2 full-core ranks on 100 Mbit/s with each codec (bench compression's step
+  time: dense, fp16, PowerSGD rank 4, Top-K 1% all-gather and all-reduce),
+
+it (1) runs ``hetero-strategy profile --model`` inside that cluster, (2) predicts every method
+with ``hetero-strategy plan``'s code from that profile alone, and (3) measures the methods with
+the benchmarks' own workers (``balance_worker --framework ddp``, ``compression_worker steptime``),
+in alternating order over ``--rounds``. Figures and errors: :mod:`.plan_summary`.
+
+Example::
+
+    flock /tmp/hetero_cpu.lock hetero-strategy bench plan --json benchmarks/results/plan.json
+    hetero-strategy bench plan --configs 2rank_100mbit --rounds 3      # one configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hetero_bench import RESULTS
+from hetero_bench._ranks import run_job, worker
+from hetero_strategy.commands.flags import count, input_file, number, output_file
+
+__all__ = ["CONFIGS", "add_arguments", "run"]
+
+_BALANCE = {"ddp": "ddp", "ddp_powersgd": "ddp_powersgd", "hetero": "hetero", "hetero_auto": "hetero_codec"}
+_CODECS = {"ddp": "dense", "ddp_fp16": "fp16", "ddp_powersgd": "powersgd", "topk": "topk",
+           "topk_allreduce": "topk_allreduce"}  # compression_worker's method -> the codec predicted
+CONFIGS: dict[str, dict[str, Any]] = {
+    "2rank_compute": {"compute": [1.0, 0.57], "links": ["10gbit", "10gbit"], "worker": "balance",
+                      "model": "resnet18", "spec": "hetero_bench.plan_models:balance_resnet18"},
+    "4rank_mixed": {"compute": [0.5, 0.45, 0.3, 0.25], "links": ["10gbit", "10gbit", "1gbit", "100mbit"],
+                    "worker": "balance", "model": "resnet18_l3", "spec": "hetero_bench.plan_models:balance_resnet18_l3"},
+    "2rank_100mbit": {"compute": [1.0, 1.0], "links": ["100mbit", "100mbit"], "worker": "codecs",
+                      "spec": "hetero_bench.plan_models:compression_resnet18"},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=output_file, default=str(RESULTS / "plan.json"), help="result JSON (PNG beside it)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    parser.add_argument("--batch", type=count(2), default=32, help="mean per-rank batch (default 32)")
+    parser.add_argument("--rounds", type=count(1), default=2,
+                        help="alternating rounds of the balance configurations (default 2); the codec one runs "
+                             "4 x this many steps per method, alternating step by step")
+    parser.add_argument("--steps", type=count(4), default=12, help="training steps per method and round")
+    parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
+    parser.add_argument("--profile-bytes", default="16MB", help="largest all-reduce of the profile's sweep")
+    parser.add_argument("--timeout", type=number(what="seconds"), default=600.0, help="seconds allowed per launch")
+    parser.add_argument("--from-json", type=input_file, default=None,
+                        help="no run: predict again from a stored result's profiles, against its measurements")
+
+
+def _profile(cluster: Any, spec: str, args: argparse.Namespace, out: Path, console: Any) -> Path:
+    """``hetero-strategy profile --model`` on every rank of ``cluster``; the profile's path."""
+    path = out / "profile.json"
+    cmd = [worker("plan_models")[0], "-m", "hetero_strategy.cli", "profile", "--max-bytes", args.profile_bytes,
+           "--model", spec, "--model-batch", str(args.batch), "--budget", "0.2", "--json", str(path)]
+    started = time.perf_counter()
+    res = cluster.run(cmd, timeout=args.timeout)
+    if not res.ok:
+        raise RuntimeError("profile failed:\n" + "\n".join(o[-2000:] for o in res.outputs))
+    console.print(f"  profile: {time.perf_counter() - started:.1f} s")
+    return path
+
+
+def _predict(profile: Path, config: dict[str, Any], world: int, batch: int) -> dict[str, dict[str, Any]]:
+    from dataclasses import asdict
+
+    from hetero_strategy.balance.plan import plan_methods, predict
+    from hetero_strategy.cluster.model import describe_model
+    from hetero_strategy.cluster.spec import read_cluster
+
+    cluster, model = read_cluster([str(profile)]), describe_model(config["spec"])
+    if config["worker"] == "balance":
+        got = {m: asdict(p) for m, p in plan_methods(cluster, model, batch * world).items()}
+    else:
+        got = {m: asdict(predict(cluster, model, batch * world, codec)) for m, codec in _CODECS.items()}
+    return got
+
+
+def _measure_balance(cluster: Any, config: dict[str, Any], args: argparse.Namespace, out: Path,
+                     console: Any) -> dict[str, dict[str, list]]:
+    from hetero_bench.plan_summary import balance_round
+
+    modes = list(_BALANCE.values())
+    per: dict[str, dict[str, list]] = {m: {"step_s": [], "bytes_per_rank": [], "batch_sizes": [], "codec": []}
+                                       for m in _BALANCE}
+    for i in range(args.rounds):
+        order = modes if i % 2 == 0 else modes[::-1]  # drift in the machine's load favours no method
+        cmd = [*worker("balance_worker"), "--framework", "ddp", "--mode", ",".join(order), "--count-bytes",
+               "--out", str(out / f"round{i}"), "--batch", str(args.batch), "--steps", str(args.steps),
+               "--measure", str(args.measure), "--model", config["model"]]
+        raw = run_job(cluster, cmd, order, out / f"round{i}", args.timeout * len(order), console, f"round {i + 1}")
+        got = balance_round(raw, args.measure)
+        for method, mode in _BALANCE.items():
+            for key in per[method]:
+                per[method][key].append(got[mode][key])
+    return per
+
+
+def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: Any) -> dict[str, dict[str, list]]:
+    from hetero_bench.plan_summary import codec_rounds
+
+    path = out / "steptime.json"
+    cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", str(4 * args.rounds),
+           "--methods", *_CODECS]
+    started = time.perf_counter()
+    res = cluster.run(cmd, timeout=args.timeout)
+    if not res.ok:
+        raise RuntimeError("steptime failed:\n" + "\n".join(o[-2000:] for o in res.outputs))
+    console.print(f"  steptime: {time.perf_counter() - started:.1f} s")
+    return codec_rounds(json.loads(path.read_text()), list(_CODECS))
+
+
+def _measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    """One configuration on its emulated cluster: the profile measured there, and each method's
+    per-round step time and bytes per rank."""
+    from hetero_strategy.emulate import EmulatedCluster
+
+    config = CONFIGS[name]
+    console.print(f"[bold]{name}[/bold]: compute {config['compute']}, links {config['links']}")
+    with EmulatedCluster(config["compute"], config["links"]) as cluster, \
+            tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        profile = _profile(cluster, config["spec"], args, Path(tmp), console)
+        if config["worker"] == "balance":
+            measured = _measure_balance(cluster, config, args, Path(tmp), console)
+        else:
+            measured = _measure_codecs(cluster, args, Path(tmp), console)
+        return {"profile": json.loads(profile.read_text()), "measured_rounds": measured,
+                "cluster": cluster.describe()}
+
+
+def _assess(name: str, raw: dict[str, Any], batch: int) -> dict[str, Any]:
+    """Predict from the configuration's profile alone, and compare with what was measured."""
+    from hetero_bench.plan_summary import compare
+
+    config = CONFIGS[name]
+    world = len(config["compute"])
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        path = Path(tmp, "profile.json")
+        path.write_text(json.dumps(raw["profile"]))
+        predicted = _predict(path, config, world, batch)
+    result = compare(predicted, raw["measured_rounds"])
+    for m, v in result["methods"].items():
+        v["measured_batch_sizes"] = raw["measured_rounds"][m].get("batch_sizes")
+        v["measured_codec"] = raw["measured_rounds"][m].get("codec")  # compression="auto"'s choice in the run
+    return {**result, "compute": config["compute"], "links": config["links"], "model": config["spec"],
+            "global_batch": batch * world, **raw}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from hetero_bench.plan_summary import summarise
+    from hetero_strategy.commands.flags import UsageError
+    from hetero_strategy.emulate import EmulatorError
+
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not names or any(n not in CONFIGS for n in names) or args.measure >= args.steps:
+        raise UsageError(f"--configs={args.configs!r} / --measure={args.measure}: give names from "
+                         f"{', '.join(CONFIGS)}, and --measure below --steps ({args.steps})")
+    console = Console()
+    started = time.perf_counter()
+    if args.from_json:  # the stored run's profiles and measurements, predicted by this checkout's planner
+        doc = json.loads(Path(args.from_json).read_text())
+        stored, args.batch = doc["configs"], doc["setup"]["batch_per_rank"]
+        raws = {n: {k: stored[n][k] for k in ("profile", "measured_rounds", "cluster")} for n in names if n in stored}
+    else:
+        raws = {}
+        for n in names:
+            try:
+                raws[n] = _measure(n, args, console)
+            except (EmulatorError, RuntimeError) as e:  # NOTE: the other configurations still count
+                console.print(f"bench plan: {n}: {e}", markup=False, highlight=False)
+    if not raws:
+        return 1
+    configs = {n: _assess(n, raw, args.batch) for n, raw in raws.items()}
+    result = summarise(configs)
+    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), missing=[n for n in names if n not in raws],
+                  setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
+                         "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
+                         "statistics": "step: median over rounds of each round's median step (codecs: of single "
+                                       "steps, methods alternating); spread [min, max]; error = predicted/measured - 1"})
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    from hetero_bench.plan_chart import plan_chart, plan_table
+
+    plan_chart(result, str(path.with_suffix(".png")))
+    console.print(plan_table(result))
+    console.print(f"goals: {result['goals']}; wrote {path} and {path.with_suffix('.png')}")
+    return 0

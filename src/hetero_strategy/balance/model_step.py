@@ -1,0 +1,114 @@
+"""A named model's training step timed on this rank, for a profile (``hetero-strategy profile --model``).
+
+The planner rates a rank from its card (``efficiency`` x peak TFLOP/s over the model's FLOPs per
+sample). Where the rank can run the model, the real step is better: this builds the model of
+:func:`~hetero_strategy.cluster.model.model_builder` for real, repeats its example batch to ``b``
+and ``b / 2`` samples, and fits the probe's :class:`~.probe.StepCost` (fixed + b / rate) through
+forward and backward at the two sizes, without any exchange (the cost model adds that). The
+optimizer's step (SGD with momentum: a few passes over every parameter, whatever the batch) is
+timed apart and reported as ``optimizer_s``, part of the step's fixed cost.
+
+Example::
+
+    measure_model_step("resnet18", batch=32)   # {"model", "batch", "samples_per_s", "fixed_s", "optimizer_s"}
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from hetero_strategy.balance.probe import StepCost, fit_step_cost
+from hetero_strategy.cluster.model import model_builder, model_loss
+
+__all__ = ["measure_model_step", "repeat_batch"]
+
+
+def repeat_batch(batch: Any, size: int) -> Any:
+    """``batch`` (a tensor, a tuple or a dict of tensors whose first dimension is samples) repeated
+    along that dimension to ``size`` samples."""
+    if isinstance(batch, dict):
+        return {k: repeat_batch(v, size) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(repeat_batch(v, size) for v in batch)
+    reps = -(-size // batch.shape[0])
+    return batch.repeat(reps, *([1] * (batch.dim() - 1)))[:size]
+
+
+def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 1.0) -> dict[str, Any]:
+    """This rank's step cost on ``spec`` at ``batch`` and ``batch // 2`` samples.
+
+    Each figure is the median over ``steps`` windows of consecutive steps lasting ``window_s`` or
+    more, the two sizes interleaved. NOTE: not single steps: under a CPU quota (a cgroup's, or a
+    shared host's) a step runs in bursts of the scheduler's period (100 ms), so one step's time is
+    off by up to a period, and the fixed part, the difference of two such times, by twice that.
+    """
+    torch.manual_seed(0)
+    model, example = model_builder(spec)()
+    model.train()
+    sizes = sorted({batch, max(1, batch // 2)}, reverse=True)
+    batches = [repeat_batch(example, b) for b in sizes]
+
+    def run(x: Any, reps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            model_loss(model, x).backward()
+        return (time.perf_counter() - t0) / reps
+
+    reps = [max(1, math.ceil(window_s / max(run(x, 1), run(x, 1), 1e-6))) for x in batches]  # 2 warm-ups
+    windows: list[list[float]] = [[] for _ in sizes]
+    for _ in range(steps):
+        for k, x in enumerate(batches):
+            windows[k].append(run(x, reps[k]))
+    cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
+        StepCost(sizes[0] / statistics.median(windows[0]))
+    for p in model.parameters():
+        p.grad = None
+    return {"model": spec, "batch": sizes, "samples_per_s": cost.samples_per_s, "fixed_s": cost.fixed_s,
+            "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model)}
+
+
+def codec_seconds(model: torch.nn.Module) -> dict[str, float]:
+    """Seconds of each ``compression="auto"`` candidate's codec work on this model's gradient, per
+    step, keyed by the candidate's label: measured as ``compression="auto"`` measures it
+    (:func:`hetero_strategy.hooks.auto.measure`), without its collectives."""
+    from hetero_strategy.hooks.auto import CANDIDATES, powersgd_seconds
+    from hetero_strategy.hooks.cost import measure_codec_seconds_per_entry
+
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    numel = sum(math.prod(s) for s in shapes)
+    cpu = torch.device("cpu")
+    out = {}
+    for c in CANDIDATES:
+        if c.codec == "topk_allreduce":
+            per_entry = measure_codec_seconds_per_entry(cpu, "auto", c.density)
+            # the all-gather Top-K encodes alike (error feedback, then the selection)
+            out[c.label] = out[f"topk density {c.density:g}"] = per_entry * numel
+        elif c.codec == "powersgd":
+            out[c.label] = powersgd_seconds(shapes, c.rank, cpu)
+    return out
+
+
+def _optimizer_seconds(model: torch.nn.Module, steps: int) -> float:
+    """Median seconds of ``torch.optim.SGD(momentum=0.9).step()`` + ``zero_grad`` on the model's
+    parameters (the recipes' and benchmarks' optimizer); the weights are put back after."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    times = []
+    for i in range(steps + 1):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        t0 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:  # the first step allocates the momentum buffers
+            times.append(time.perf_counter() - t0)
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,118 @@
+"""``bench plan``'s comparison of predicted and measured figures, from hand-built records (the
+benchmark itself is not a test); and a profile's timed model step reaching the planner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hetero_bench.plan_summary import balance_round, codec_rounds, compare, summarise
+
+
+def _rank(starts: list[float], batches: list[int], sent: list[int] | None) -> dict:
+    return {"starts": starts, "batches": batches, "compute_s": [0.1] * len(batches)} | ({"sent": sent} if sent else {})
+
+
+def test_a_balance_round_takes_the_windows_median_step_and_bytes():
+    # rank 0's steps last 1, 2, 2, 3, 9 s: over the last 3 steps the median is 3; the counter grows by
+    # 10, 10, 40, 50, 60 (rank 0) and 5, 5, 20, 30, 30 (rank 1): medians 50 and 30 over the last 3
+    raw = {"ddp": [_rank([0, 1, 3, 5, 8, 17], [4] * 5, [0, 10, 20, 60, 110, 170]),
+                   _rank([0, 1, 3, 5, 8, 17], [4] * 5, [0, 5, 10, 30, 60, 90])]}
+    got = balance_round(raw, measure=3)["ddp"]
+    assert got["step_s"] == 3
+    assert got["bytes_per_rank"] == pytest.approx((50 + 30) / 2)
+    assert got["batch_sizes"] == [4, 4]
+    no_count = balance_round({"ddp": [_rank([0, 1, 2, 3], [4] * 3, None)] * 2}, measure=2)["ddp"]
+    assert no_count["bytes_per_rank"] is None
+
+
+def test_codec_rounds_reads_the_steptime_workers_lists():
+    steptime = {"ddp": {"step_s": [4.0, 4.2], "wire_bytes": [100, 110], "bytes": [1, 1]},
+                "topk": {"step_s": [0.4, 0.5], "wire_bytes": [3, 4], "bytes": [1, 1]}, "_tier": None}
+    assert codec_rounds(steptime, ["ddp", "topk"]) == {"ddp": {"step_s": [4.0, 4.2], "bytes_per_rank": [100.0, 110.0]},
+                                                       "topk": {"step_s": [0.4, 0.5], "bytes_per_rank": [3.0, 4.0]}}
+
+
+def test_compare_errors_ordering_and_goals_by_hand():
+    predicted = {"ddp": {"step_s": 2.0, "bytes_per_rank": 100.0, "codec": "dense"},
+                 "hetero": {"step_s": 1.0, "bytes_per_rank": 100.0, "codec": "dense"},
+                 "only_predicted": {"step_s": 0.1, "bytes_per_rank": 1.0}}
+    measured = {"ddp": {"step_s": [1.9, 2.5, 2.0], "bytes_per_rank": [104.0, 105.0, 106.0]},
+                "hetero": {"step_s": [1.2, 1.25, 1.3], "bytes_per_rank": [95.0, 100.0, 99.0]},
+                "only_measured": {"step_s": [0.01], "bytes_per_rank": [1.0]}}
+    out = compare(predicted, measured)
+    assert set(out["methods"]) == {"ddp", "hetero"}
+    ddp, hetero = out["methods"]["ddp"], out["methods"]["hetero"]
+    assert ddp["measured_step_s"] == 2.0 and ddp["measured_step_spread_s"] == [1.9, 2.5]
+    assert ddp["step_error"] == pytest.approx(0.0)
+    assert ddp["bytes_error"] == pytest.approx(100 / 105 - 1)
+    assert hetero["step_error"] == pytest.approx(1.0 / 1.25 - 1)  # -20%: outside the 15% goal
+    assert hetero["codec"] == "dense"
+    assert out["ranked_first"] == out["measured_fastest"] == "hetero"
+    assert out["max_abs_step_error"] == pytest.approx(0.2)
+    assert out["goals"] == {"step_within_15pct": False, "bytes_within_10pct": True,
+                            "ranked_first_within_5pct_of_fastest": True}
+
+
+def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
+    def config(first_measured: float) -> dict:
+        predicted = {"a": {"step_s": 1.0, "bytes_per_rank": 1.0}, "b": {"step_s": 2.0, "bytes_per_rank": 1.0}}
+        return compare(predicted, {"a": {"step_s": [first_measured], "bytes_per_rank": [1.0]},
+                                   "b": {"step_s": [1.0], "bytes_per_rank": [1.0]}})
+
+    near, far = config(1.04), config(1.06)
+    assert near["ranked_first"] == "a" and near["measured_fastest"] == "b"
+    assert near["goals"]["ranked_first_within_5pct_of_fastest"]
+    assert not far["goals"]["ranked_first_within_5pct_of_fastest"]
+    overall = summarise({"near": near, "far": far})
+    assert overall["goals"]["ranked_first_within_5pct_of_fastest"] is False
+    assert overall["goals"]["bytes_within_10pct"] is True
+    json.dumps(overall)  # the result is written as JSON
+
+
+def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
+    """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer, not TFLOP/s;
+    measured on CPUs, it plans gloo, and only the link's share of the exchange hides under compute."""
+    from hetero_strategy.balance.plan import predict
+    from hetero_strategy.cluster.model import describe_model
+    from hetero_strategy.cluster.profile import SCHEMA
+    from hetero_strategy.cluster.spec import read_cluster
+
+    spec = "test_plan:tiny_mlp"
+    ranks = [{"rank": k, "device": {"kind": "cpu", "name": "cpu"}, "training_dtype": "fp32",
+              "matmul_tflops": {"fp32": 1.0}, "memory_gbps": 10.0, "compute_score": 1.0 / (k + 1),
+              "bandwidth_gbit_s": 1.0, "tier": "eth1g", "latency_us": {"p50_us": 100.0},
+              "model_step": {"model": spec, "samples_per_s": 100.0 / (k + 1), "fixed_s": 0.006,
+                             "optimizer_s": 0.004, "codec_s": {"topk_allreduce density 0.01": 0.05 * (k + 1)}}} for k in range(2)]
+    # an all-reduce of 4 MB in 0.04 s: 100 MB/s of payload; on 2 ranks each sends it once
+    doc = {"schema": SCHEMA, "backend": "gloo", "ranks": ranks,
+           "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008, "busbw_gbit_s": 0.008},
+                         {"bytes": 4_000_000, "time_s": 0.04, "algbw_gbit_s": 0.8, "busbw_gbit_s": 0.8}]}
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(doc))
+    cluster = read_cluster([str(path)])
+    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest
+    assert cluster.backend == "gloo" and cluster.wire_share == pytest.approx(0.8)
+    assert cluster.overlap == pytest.approx(0.5 * 0.8)
+    model = describe_model(spec)
+    got = predict(cluster, model, 20, "dense")
+    assert got.batch_sizes == [10, 10]
+    compute = 0.006 + 0.004 + 10 / 50.0  # the slower rank: its fixed part, the optimizer, 10 samples
+    comm = 4 * model.parameters / 1e8 + 100e-6  # payload at 100 MB/s + the measured one-entry latency
+    assert got.compute_s == pytest.approx(compute) and got.comm_s == pytest.approx(comm)
+    assert got.step_s == pytest.approx(compute + comm - min(comm, 0.4 * compute))
+    # fp16 halves the link's share and not the CPU's: 0.6 of fp32's time
+    half = predict(cluster, model, 20, "fp16")
+    assert half.comm_s == pytest.approx(0.6 * 4 * model.parameters / 1e8 + 100e-6)
+    # the codec's work as timed, on each rank's compute: the slower rank's 0.1 s
+    assert predict(cluster, model, 20, "topk_allreduce").compute_s == pytest.approx(compute + 0.1)
+    hetero = predict(cluster, model, 30, "dense", even=False)
+    assert hetero.batch_sizes == [20, 10]  # equal finishing times: 0.01 + 20/100 = 0.01 + 10/50
+
+
+def test_profile_refuses_a_model_it_cannot_import_before_any_probe(tmp_path):
+    from test_cli import _cli
+
+    code, text = _cli(["profile", "--model", "nosuch_module_x:build", "--json", str(tmp_path / "p.json")])
+    assert code == 2 and "model='nosuch_module_x:build' is invalid: cannot import it" in text, text
+    assert not (tmp_path / "p.json").exists()
