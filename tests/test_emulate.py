@@ -297,7 +297,7 @@ def test_cli_cleans_up_after_a_killed_rank_sigterm_and_ctrl_c():
 
 
 _TOOLS = {  # a command that starts ranks on an emulated cluster, and the signal it gets
-    "demo": (["demo", "--compute", "1.0,0.5", "--batch", "8", "--steps", "500", "--measure", "2"], signal.SIGTERM),
+    "demo": (["demo", "--compute", "1.0,0.5", "--batch", "8", "--rounds", "100", "--block", "5"], signal.SIGTERM),
     "bench": (["bench", "balance", "--compute", "1.0,0.5", "--trainings", "ddp", "--rounds", "1", "--steps", "500",
                "--measure", "2", "--batch", "8", "--framework", "ddp", "--json", os.devnull], signal.SIGHUP),
     "emulate": (["emulate", "--no-measure", "--compute", "1.0,0.5", "--", PY, "-c", "import time; time.sleep(120)"],
