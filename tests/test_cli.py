@@ -50,7 +50,7 @@ def test_demo_figures_by_hand():
     table = markdown(result)
     assert "| plain DDP | 40 (36–44) | 1.00x | 60% | 0.50 | 30/10 | 0.900 |" in table
     assert "| hetero | 80 (80–80) | 2.00x (1.80–2.20) | 20% | 0.50 | 30/10 | 0.910 |" in table
-    assert "Commit abc1234" in table and "last 2 rounds" in table and "1.5 min" in table
+    assert "Commit abc1234" in table and "last 2 rounds" in table and "took 1.5 min" in table
 
 
 def test_the_readmes_demo_table_is_the_committed_result():

@@ -161,4 +161,4 @@ def _table(console: Any, result: dict[str, Any], simulate: bool) -> None:
                   f"{result['block']} steps each), ranges over those rounds. Fast rank idle: the share of the fast "
                   "rank's step spent not computing (waiting for the slow rank, plus communication compute does not "
                   f"hide). hetero = probe of the real model ({result['probe_split']}), then online calibration. "
-                  f"Training took {result['seconds'] / 60:.1f} min.")
+                  f"The job took {result['seconds'] / 60:.1f} min.")

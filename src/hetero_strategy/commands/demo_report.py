@@ -55,7 +55,7 @@ def _spread(values: list[float], fmt: str) -> str:
 
 def rows(result: dict[str, Any]) -> list[list[str]]:
     """The table's rows (header first), shared by the console table and the README's Markdown."""
-    header = ["run", "samples/s (rounds' range)", "vs DDP (range)", "fast rank idle", "balance",
+    header = ["run", "samples/s (range over rounds)", "vs DDP (range)", "fast rank idle", "balance",
               "batch sizes (median)", "test acc."]
     out = [header]
     ratio = result["speedup"]
@@ -78,7 +78,7 @@ def markdown(result: dict[str, Any]) -> str:
                  f"{result['compute']}, link {result['link']}), B={result['batch_per_rank']}: {result['rounds']} "
                  f"rounds of {result['block']} steps per mode, DDP and hetero alternating; figures are medians "
                  f"over the last {measured} rounds, ranges the lowest and highest round; "
-                 f"{result['seconds'] / 60:.1f} min of training.")
+                 f"the job (start-up, probe, both trainings) took {result['seconds'] / 60:.1f} min.")
     return "\n".join(lines) + "\n"
 
 
