@@ -128,10 +128,13 @@ def test_builds_namespaces_links_cgroups_and_removes_them():
         path = cluster.cgroups[1].path
         if version == 1:
             quota, period = (path / "cpu.cfs_quota_us").read_text(), (path / "cpu.cfs_period_us").read_text()
+            weight, default = int((path / "cpu.shares").read_text()), 1024
         else:
             quota, period = (path / "cpu.max").read_text().split()
+            weight, default = int((path / "cpu.weight").read_text()), 100
         # Factor 0.5 over a 10 ms period (short, so a slow rank is not stopped for long stretches).
         assert (int(quota), int(period)) == (5000, 10000)
+        assert weight == 64 * default  # the rank owns its core: other processes do not slow it
         assert len(_mine(cluster)) >= 5  # bridge ns + 2 rank ns + 2 cgroups
     assert _mine(cluster) == []
 

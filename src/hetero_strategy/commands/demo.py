@@ -54,7 +54,7 @@ _WORKER = "hetero_strategy.commands.demo_worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_flags(parser)
     parser.add_argument("--batch", type=count(1), default=128, help="mean per-rank batch B (default 128)")
-    parser.add_argument("--rounds", type=count(2), default=8, help="rounds of each mode's block (default 8)")
+    parser.add_argument("--rounds", type=count(2), default=12, help="rounds of each mode's block (default 12)")
     parser.add_argument("--block", type=count(1), default=6, help="steps of one mode per round (default 6)")
     parser.add_argument("--warmup-rounds", type=count(0), default=3,
                         help="rounds left out of the figures while the hetero split settles (default 3)")

@@ -16,7 +16,7 @@ the hetero split after the probe and after each calibration; rank 0 adds each mo
 Example::
 
     hetero-strategy emulate --compute 1.0,0.57 -- \\
-        python -m hetero_strategy.commands.demo_worker --out /tmp/demo --rounds 8 --block 6
+        python -m hetero_strategy.commands.demo_worker --out /tmp/demo --rounds 12 --block 6
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="demo_worker", description=__doc__.split("\n", 1)[0])
     p.add_argument("--out", required=True, help="directory; this rank writes r<RANK>.json there")
     p.add_argument("--batch", type=int, default=128, help="mean per-rank batch B")
-    p.add_argument("--rounds", type=int, default=8, help="rounds of --block steps of each mode")
+    p.add_argument("--rounds", type=int, default=12, help="rounds of --block steps of each mode")
     p.add_argument("--block", type=int, default=6, help="steps of one mode before the other's")
     p.add_argument("--cold-start", type=int, default=3, help="hetero: static steps before calibrating")
     p.add_argument("--recalibrate-every", type=int, default=8)
