@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.emulate import EmulatedCluster, EmulatorError
     from hetero_strategy.emulate.report import cluster_table
 
-    console = Console()
+    # NOTE: piped (make demo > log) rich assumes 80 columns and cuts the table's ranges short
+    console = Console(width=None if sys.stdout.isatty() else 140)
     if args.summary is not None:
         sys.stdout.write(markdown(json.loads(Path(args.summary).read_text())))
         return 0
