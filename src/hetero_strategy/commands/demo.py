@@ -132,12 +132,13 @@ def _result(ranks: list[dict], args: argparse.Namespace, simulate: bool, seconds
 
 
 def _commit() -> str | None:
-    """The checkout's commit (with ``+`` when it has uncommitted changes), None outside a git checkout."""
+    """The checkout's commit (with ``+`` when ``src/`` has uncommitted changes), None outside a git checkout."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        # the package's own files only: make demo's earlier results (benchmarks/results) are not the code
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src"], cwd=here,
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
