@@ -62,7 +62,7 @@ CONFIG = {
 # flags -> what the output must name; nothing may start (see _no_work)
 CLI = [
     ("demo --compute 1.0,-0.5", "--compute"), ("demo --link 10zbit", "'10zbit'"), ("demo --batch 0", "--batch"),
-    ("demo --steps 5 --measure 10", "--measure=10"), ("demo --timeout -1", "--timeout"),
+    ("demo --rounds 4 --warmup-rounds 4", "--warmup-rounds=4"), ("demo --timeout -1", "--timeout"),
     ("emulate --compute 1.5 -- true", "--compute"), ("emulate --nodes 1,x -- true", "--nodes='1,x'"),
     ("emulate --link fast -- true", "'fast'"), ("emulate --nproc 0 -- true", "--nproc"),
     ("emulate --timeout 0 -- true", "--timeout"), ("emulate --compute 1,1", "-- python train.py"),

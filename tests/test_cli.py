@@ -15,19 +15,54 @@ def test_help_lists_subcommands():
         assert name in out
 
 
-def test_demo_figures_by_hand():
-    from hetero_strategy.commands.demo import figures
+def _demo_ranks() -> list[dict]:
+    """Two ranks, three rounds of two steps per mode; round 0 is warm-up. Rank 0 computes 0.4 s for 30
+    samples, rank 1 0.8 s for 10; DDP's measured steps take 1.0, 1.2 | 1.0, 0.8 s, hetero's 0.5 s."""
+    rounds = [0, 0, 1, 1, 2, 2]
 
-    # Two ranks, steps of 1.0 s; rank 0 computes 0.4 s for 30 samples, rank 1 0.8 s for 10.
-    starts = [0.0, 1.0, 2.0, 3.0]
-    ranks = [{"starts": starts, "batches": [30] * 3, "compute_s": [0.4] * 3, "accuracy": 0.9},
-             {"starts": starts, "batches": [10] * 3, "compute_s": [0.8] * 3}]
-    f = figures(ranks, measure=3)
-    assert f["samples_per_s"] == pytest.approx(40.0)
+    def mode(step_s: list[float], batch: int, compute: float) -> dict:
+        return {"round": rounds, "step_s": step_s, "batches": [batch] * 6, "compute_s": [compute] * 6}
+
+    return [{"modes": {"ddp": mode([9.0, 9.0, 1.0, 1.2, 1.0, 0.8], 30, 0.4),
+                       "hetero_auto": mode([9.0, 9.0, 0.5, 0.5, 0.5, 0.5], 30, 0.4)},
+             "accuracy": {"ddp": 0.9, "hetero_auto": 0.91}},
+            {"modes": {"ddp": mode([0.0] * 6, 10, 0.8), "hetero_auto": mode([0.0] * 6, 10, 0.8)}}]
+
+
+def test_demo_figures_by_hand():
+    from hetero_strategy.commands.demo_report import figures, markdown, speedup
+
+    ranks = _demo_ranks()
+    f = figures(ranks, "ddp", warmup_rounds=1)
+    assert f["samples_per_s"] == pytest.approx(40.0)  # 40 samples / median(1.0, 1.2, 1.0, 0.8) s
+    assert f["samples_per_s_rounds"] == pytest.approx([40 / 1.1, 40 / 0.9])  # each round's median step
     assert f["batch_sizes"] == [30, 10]
     assert f["fast_rank_idle_fraction"] == pytest.approx(0.6)  # rank 0 is fast per sample
     assert f["balance"] == pytest.approx(0.5)
     assert f["accuracy"] == 0.9
+    modes = {m: figures(ranks, m, 1) for m in ("ddp", "hetero_auto")}
+    ratio = speedup(modes)
+    assert ratio["median"] == pytest.approx(2.0)  # 80 / 40: the ratio of the medians
+    assert ratio["rounds"] == pytest.approx([2.2, 1.8]) and (ratio["min"], ratio["max"]) == pytest.approx((1.8, 2.2))
+    result = {"modes": modes, "speedup": ratio, "rounds": 3, "warmup_rounds": 1, "block": 2, "commit": "abc1234",
+              "emulation": "namespaces", "compute": "1.0,0.57", "link": "10gbit", "batch_per_rank": 20,
+              "seconds": 90.0}
+    table = markdown(result)
+    assert "| plain DDP | 40 (36–44) | 1.00x | 60% | 0.50 | 30/10 | 0.900 |" in table
+    assert "| hetero | 80 (80–80) | 2.00x (1.80–2.20) | 20% | 0.50 | 30/10 | 0.910 |" in table
+    assert "Commit abc1234" in table and "last 2 rounds" in table and "took 1.5 min" in table
+
+
+def test_the_readmes_demo_table_is_the_committed_result():
+    # The README's figures are rendered from benchmarks/results/demo.json, never typed by hand.
+    import json
+    from pathlib import Path
+
+    from hetero_strategy.commands.demo_report import markdown
+
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "benchmarks" / "results" / "demo.json").read_text())
+    assert markdown(result) in (root / "README.md").read_text()
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

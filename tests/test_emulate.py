@@ -128,10 +128,13 @@ def test_builds_namespaces_links_cgroups_and_removes_them():
         path = cluster.cgroups[1].path
         if version == 1:
             quota, period = (path / "cpu.cfs_quota_us").read_text(), (path / "cpu.cfs_period_us").read_text()
+            weight, default = int((path / "cpu.shares").read_text()), 1024
         else:
             quota, period = (path / "cpu.max").read_text().split()
+            weight, default = int((path / "cpu.weight").read_text()), 100
         # Factor 0.5 over a 10 ms period (short, so a slow rank is not stopped for long stretches).
         assert (int(quota), int(period)) == (5000, 10000)
+        assert weight == 64 * default  # the rank owns its core: other processes do not slow it
         assert len(_mine(cluster)) >= 5  # bridge ns + 2 rank ns + 2 cgroups
     assert _mine(cluster) == []
 
@@ -297,7 +300,7 @@ def test_cli_cleans_up_after_a_killed_rank_sigterm_and_ctrl_c():
 
 
 _TOOLS = {  # a command that starts ranks on an emulated cluster, and the signal it gets
-    "demo": (["demo", "--compute", "1.0,0.5", "--batch", "8", "--steps", "500", "--measure", "2"], signal.SIGTERM),
+    "demo": (["demo", "--compute", "1.0,0.5", "--batch", "8", "--rounds", "100", "--block", "5"], signal.SIGTERM),
     "bench": (["bench", "balance", "--compute", "1.0,0.5", "--trainings", "ddp", "--rounds", "1", "--steps", "500",
                "--measure", "2", "--batch", "8", "--framework", "ddp", "--json", os.devnull], signal.SIGHUP),
     "emulate": (["emulate", "--no-measure", "--compute", "1.0,0.5", "--", PY, "-c", "import time; time.sleep(120)"],

@@ -14,6 +14,7 @@ def _probe_ranks(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
 
     from hetero_strategy.balance.probe import measure_step_seconds
+    from hetero_strategy.balance.timing import measure_steps
     init_gloo(rank, world_size)
     out = {}
 
@@ -27,6 +28,15 @@ def _probe_ranks(rank: int, world_size: int) -> dict:
         start_comm()
 
     out["seconds"], out["idle"] = measure_step_seconds([step, idle], steps=3, warmup=1, comm_numel=1000)
+    calls = []
+
+    def short(start_comm) -> None:  # rank 1 at half rank 0's speed; each step joins the all-reduce
+        calls.append(None)
+        start_comm()
+        time.sleep(0.002 if rank == 0 else 0.004)
+
+    (out["window"],) = measure_steps([short], steps=3, warmup=1, comm_numel=1000, min_seconds=0.02)
+    out["calls"] = len(calls)
     # The ranks are still in step: one more collective completes and sums as expected.
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
@@ -47,6 +57,16 @@ def test_probe_times_only_its_own_step_and_keeps_ranks_in_step(results):
     # The second, interleaved step function does nothing: its figure must not carry the sleeps.
     assert all(r["idle"] < 0.1 for r in results)
     assert [r["sum"] for r in results] == [3.0, 3.0]
+
+
+def test_windows_have_as_many_steps_on_every_rank_and_last_long_enough_on_the_fastest(results):
+    # Oracle: the sleeps (2 ms, 4 ms). Every rank runs as many steps (each joins one all-reduce, so
+    # unequal counts would hang); a window holds ceil(20 ms / the fastest warm-up step) steps: at
+    # most 10, since no sleep of 2 ms ends sooner, and fewer when a loaded machine overran it.
+    assert results[0]["calls"] == results[1]["calls"]
+    reps = (results[0]["calls"] - 1) / 3
+    assert reps == int(reps) and 1 <= reps <= 10
+    assert results[0]["window"].seconds >= 0.002 and results[1]["window"].seconds >= 0.004
 
 
 def _one_rank_fails(rank: int, world_size: int) -> dict:

@@ -1,7 +1,4 @@
-"""``bench balance``'s Lightning loop: ``L.Trainer`` with ``"ddp"``, PowerSGD DDP or ``HeteroStrategy``.
-
-The LightningModule and the clock are the demo's (:mod:`hetero_strategy.commands.demo_worker`).
-"""
+"""``bench balance``'s Lightning loop: ``L.Trainer`` with ``"ddp"``, PowerSGD DDP or ``HeteroStrategy``."""
 
 from __future__ import annotations
 
@@ -9,6 +6,8 @@ import argparse
 from typing import Any
 
 import lightning as L
+import torch
+from torch import nn
 
 from hetero_bench.balance_workload import (
     bench_model,
@@ -17,9 +16,47 @@ from hetero_bench.balance_workload import (
     test_accuracy,
     train_data,
 )
-from hetero_strategy.commands.demo_worker import Classifier, ClockCallback
+from hetero_strategy.workloads.step_clock import StepClock
 
-__all__ = ["fit"]
+__all__ = ["Classifier", "ClockCallback", "fit"]
+
+
+class Classifier(L.LightningModule):
+    """``net`` trained on (image, label) batches with cross-entropy and SGD + momentum 0.9."""
+
+    def __init__(self, net: nn.Module, lr: float) -> None:
+        super().__init__()
+        self.net, self.lr = net, lr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class ClockCallback(L.Callback):
+    """A :class:`StepClock` on Lightning's batch events (``self.clock``)."""
+
+    def __init__(self) -> None:
+        self.clock = StepClock()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.attach(pl_module)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        self.clock.batch_start(len(batch[0]))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, out: Any, batch: Any,
+                           i: int) -> None:
+        self.clock.batch_end()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.close()
 
 
 def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:

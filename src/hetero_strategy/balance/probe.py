@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hetero_strategy.balance.memory import (
     MemoryCost,
@@ -17,13 +15,19 @@ from hetero_strategy.balance.memory import (
     fit_memory,
     memory_limit_bytes,
 )
-from hetero_strategy.dist import all_gather_floats
+from hetero_strategy.balance.timing import ProbeError, measure_step_seconds, measure_steps
 
-__all__ = ["ProbeError", "ProbeExchange", "StepCost", "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
+__all__ = ["PROBE_MAX_S", "PROBE_SPREAD", "PROBE_WINDOW_S", "ProbeError", "ProbeExchange", "StepCost",
+           "fit_step_cost", "measure_step_seconds", "probe_step_cost"]
 
-
-class ProbeError(RuntimeError):
-    """The probe failed on some rank; raised on every rank alike, so none is left in a collective."""
+PROBE_WINDOW_S = 0.01
+"""Least seconds of one timed window of the probe: many steps of a model that steps in well under
+a millisecond, one step of a large one. Two cgroup-quota periods of the emulated cluster (10 ms),
+so a throttled rank's windows all see its quota."""
+PROBE_SPREAD = 0.05
+"""The probe times more windows (up to 3x ``probe_steps``) while a rank's spread exceeds this."""
+PROBE_MAX_S = 0.3
+"""...and while the timed windows have lasted less than this on every rank."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class StepCost:
     fixed_s: float = 0.0
     memory: MemoryCost | None = None
     """The step's memory at the probe's batch sizes (balance/memory.py), when measured."""
+    spread: float = 0.0
+    """Relative noise of the measured step times (the larger of the probed sizes'; timing.py)."""
 
     def seconds(self, batch: float) -> float:
         return self.fixed_s + batch / self.samples_per_s
@@ -77,53 +83,6 @@ def fit_step_cost(points: list[tuple[int, float]]) -> StepCost:
     rate = (b2 - b1) / (t2 - t1)
     fixed = t2 - b2 / rate
     return StepCost(rate, fixed) if fixed >= 0 else plain
-
-
-def measure_step_seconds(step_fns: Sequence[Callable[[Callable[[], None]], None]], steps: int = 3,
-                         warmup: int = 1, comm_numel: int = 0, device: torch.device | None = None) -> list[float]:
-    """Median seconds of each ``step_fn(start_comm)``, run in turn (interleaved) ``warmup + steps`` times.
-
-    Interleaving keeps a slow drift of the machine (clock, a neighbour's load) from landing on
-    one step function only. Each ``step_fn`` calls ``start_comm()`` where DDP's gradient exchange
-    would begin (after the forward pass). With ``comm_numel`` > 0 that starts an all-reduce of as
-    many float32 values (the gradient's size), waited for after the clock stops: the figure is
-    this rank's compute while an exchange competes with its backward pass, without the wait for
-    slower peers. Every rank must call this with the same arguments (except the step functions).
-
-    A step that raises on one rank (e.g. out of memory on the smallest device) does not leave the
-    others waiting in a collective: the failing rank still joins every exchange, the ranks agree
-    on the failure at the end, and every rank raises :class:`ProbeError`.
-    """
-    comm = comm_numel > 0 and dist.is_initialized() and dist.get_world_size() > 1
-    buf = torch.zeros(comm_numel, dtype=torch.float32, device=device) if comm else None
-    times: list[list[float]] = [[] for _ in step_fns]
-    failure: Exception | None = None
-    for i in range(warmup + steps):
-        for k, step_fn in enumerate(step_fns):
-            works: list = []
-
-            def start_comm(works: list = works) -> None:
-                if buf is not None and not works:
-                    works.append(dist.all_reduce(buf, async_op=True))
-
-            _sync()
-            t0 = time.perf_counter()
-            if failure is None:
-                try:
-                    step_fn(start_comm)
-                    _sync()
-                except Exception as e:  # noqa: BLE001 - kept, and raised once every rank knows (below)
-                    failure = e
-            if i >= warmup:
-                times[k].append(time.perf_counter() - t0)
-            start_comm()  # a step that never called it must still join the collective
-            for work in works:
-                work.wait()
-    failed = [r for r, (flag,) in enumerate(all_gather_floats([1.0 if failure is not None else 0.0])) if flag]
-    if failed:
-        why = f"{failure!r}" if failure is not None else f"it failed on rank(s) {failed}"
-        raise ProbeError(f"probing the training step failed: {why}") from failure
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor],
@@ -181,10 +140,12 @@ def probe_step_cost(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tens
             # Two warm-up rounds: the first steps at a new shape are slow (kernel selection, allocator
             # growth) and would bias the fitted fixed cost.
             fns = [lambda start, b=b: step(b, start) for b, _ in batches]
-            seconds = measure_step_seconds(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device)
-            points = [(n, t) for (_, n), t in zip(batches, seconds)]
+            timed = measure_steps(fns, steps=steps, warmup=2, comm_numel=comm_numel, device=device,
+                                  min_seconds=PROBE_WINDOW_S, target_spread=PROBE_SPREAD, max_seconds=PROBE_MAX_S)
+            points = [(n, t.seconds) for (_, n), t in zip(batches, timed)]
             cost = fit_step_cost(points) if len(points) > 1 else StepCost(points[0][0] / max(points[0][1], 1e-9))
-            return replace(cost, memory=_step_memory(step, batches, memory_device, limit))
+            return replace(cost, memory=_step_memory(step, batches, memory_device, limit),
+                           spread=max(t.spread for t in timed))
     finally:
         module.train(was_training)
         with torch.no_grad():
@@ -215,8 +176,3 @@ def _step_memory(step: Callable[[Any, Callable[[], None]], None], batches: list[
     fit = fit_memory([(n, sorted(g)[len(g) // 2]) for n, g in growth.items()], limit)
     return replace(fit, fixed_bytes=start + fit.fixed_bytes)
 
-
-def _sync() -> None:
-    # NOTE: a device-wide synchronize is fine here: the probe runs once at setup, not in a hook.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()

@@ -41,8 +41,9 @@ class BalanceConfig:
     """Without ``max_batch_sizes``: the share of each rank's memory limit the probe's caps leave free
     (CUDA: the device's total memory; CPU: the cgroup limit, if any)."""
     probe_steps: int = 5
-    """Timed forward+backward passes per rank for the automatic probe (when neither batch_sizes
-    nor capacities are given)."""
+    """Timed windows per batch size for the automatic probe (when neither batch_sizes nor
+    capacities are given); a window holds forward+backward passes for at least 10 ms, and up to
+    3x as many windows are timed while they disagree by more than 5% (balance/timing.py)."""
     seed: int | None = None
     """Shuffle seed of the training sampler; None takes PL_GLOBAL_SEED (as Lightning does) or 0."""
     profile: str | None = None

@@ -7,7 +7,8 @@ One policy for every adapter, in order of precedence:
 3. measured compute (the probe on the real model) with a profile's link bandwidth: the capacity
    model alpha * compute + beta * bandwidth, split in proportion;
 4. measured compute alone: the affine step cost (fixed + b / rate) of every rank, split so the
-   predicted step times are equal;
+   predicted step times are equal; evenly when the ranks' times at the even share agree within
+   their measured noise (``balance.timing.equal_within_noise``);
 5. equal shares when the probe cannot run (e.g. manual optimization), with a warning.
 
 Steps 3-5 are collective: every rank must call :func:`plan_batch_sizes` with the same config.
@@ -29,6 +30,7 @@ from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, s
 from hetero_strategy.balance.memory import MemoryCost, memory_limit_bytes
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
+from hetero_strategy.balance.timing import equal_within_noise
 from hetero_strategy.config import BalanceConfig, CompressionConfig, ConfigError, HeteroConfig
 from hetero_strategy.dist import all_gather_floats
 from hetero_strategy.runtime.loaders import (
@@ -42,6 +44,7 @@ __all__ = ["Measure", "PlannedLoader", "gather_step_costs", "memory_caps", "plan
            "probe_exchange", "profile_bandwidth"]
 
 log = logging.getLogger("hetero_strategy")
+_UNPROBED = StepCost(1.0)  # every rank's stand-in cost when some rank could not probe: equal shares
 
 Probe = Callable[[], "StepCost | None"]
 Say = Callable[[str], None]
@@ -163,11 +166,30 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
     costs = gather_step_costs(probe() if probe is not None else None, world_size, info, warn)
     if on_costs is not None:
         on_costs(costs)
+    # NOTE: compared at the even share, the size every rank would take if they were equal; within
+    # their measured noise the probe says nothing about which rank is faster, so it splits evenly
+    # (two identical CPU ranks were split [57, 7] by noise alone before).
+    even = global_batch / world_size
+    equal = len(costs) > 1 and equal_within_noise([c.seconds(even) for c in costs], [c.spread for c in costs])
+    if costs[0] is not _UNPROBED:
+        info(f"hetero: probed at {even:g} samples per rank: {_speeds(costs, even)} samples/s → "
+             + ("treated as equal" if equal else "split by speed"))
     bandwidth = profile_bandwidth(cfg.profile, world_size)
     if bandwidth is not None:
-        caps = capacity([c.samples_per_s for c in costs], bandwidth, cfg.alpha, cfg.beta)
-        return split_batch(global_batch, caps)
+        compute = [1.0] * world_size if equal else [c.samples_per_s for c in costs]
+        return split_batch(global_batch, capacity(compute, bandwidth, cfg.alpha, cfg.beta))
+    if equal:
+        return split_batch(global_batch, [1.0] * world_size)
     return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs])
+
+
+def _speeds(costs: list[StepCost], batch: float) -> str:
+    """``176.9k ± 2% vs 62.6k ± 40%``: each rank's samples/s at ``batch`` and its relative noise."""
+    def one(c: StepCost) -> str:
+        rate = batch / c.seconds(batch)
+        text = f"{rate / 1000:.1f}k" if rate >= 1000 else f"{rate:.1f}"
+        return f"{text} ± {100 * c.spread:.0f}%"
+    return " vs ".join(one(c) for c in costs)
 
 
 def probe_exchange(cfg: CompressionConfig) -> ProbeExchange:
@@ -185,14 +207,14 @@ def gather_step_costs(cost: StepCost | None, world_size: int, info: Say = log.in
                       warn: Say = log.warning) -> list[StepCost]:
     """Every rank's probed cost (one all-gather); equal costs when any rank could not probe."""
     # NOTE: every rank must join the all-gather, also one that could not probe (cost None).
-    rows = all_gather_floats([-1.0, 0.0, *_memory_row(None)] if cost is None
-                             else [cost.samples_per_s, cost.fixed_s, *_memory_row(cost.memory)])
+    rows = all_gather_floats([-1.0, 0.0, 0.0, *_memory_row(None)] if cost is None
+                             else [cost.samples_per_s, cost.fixed_s, cost.spread, *_memory_row(cost.memory)])
     if min(row[0] for row in rows) <= 0:
         warn("hetero: could not probe the model's step on every rank; using equal shares. "
                     "Pass batch_sizes=... or capacities=... to set the split yourself.")
-        return [StepCost(1.0)] * world_size
-    costs = [StepCost(rate, fixed, None if has < 0 else MemoryCost(m_fixed, per, None if limit < 0 else limit))
-             for rate, fixed, has, m_fixed, per, limit in rows]
+        return [_UNPROBED] * world_size
+    costs = [StepCost(rate, fixed, None if has < 0 else MemoryCost(m_fixed, per, None if limit < 0 else limit), spread)
+             for rate, fixed, spread, has, m_fixed, per, limit in rows]
     info("hetero: probed per rank (samples/s, fixed ms per step): "
          f"{[(round(c.samples_per_s, 1), round(1000 * c.fixed_s, 1)) for c in costs]}")
     return costs
