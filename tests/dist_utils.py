@@ -43,10 +43,12 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 
 def run_command(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Any = None) -> tuple[int, str]:
-    """(exit code, output) of a launcher command; on a timeout its whole process tree is killed.
+    """(exit code, output) of a launcher command; its whole process group (ranks included) is killed
+    after it, whether it ended, failed or timed out: a rank left behind would hold the port and the CPU.
 
     NOTE: a session of its own, so the ranks a launcher starts die with it.
     """
+    import contextlib
     import signal
     import subprocess
 
@@ -59,9 +61,9 @@ def run_command(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Any
         log, _ = proc.communicate()
         raise AssertionError(f"{' '.join(cmd[:3])} ... timed out after {timeout} s:\n{log[-4000:]}") from None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # NOTE: the group outlives its leader while a rank lives
+        proc.wait()
     return proc.returncode, log
 
 

@@ -9,11 +9,9 @@ finder stays off: ``hetero_strategy`` can only come from the wheel, which the te
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -22,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dist_utils import launch_env
+from dist_utils import launch_env, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,23 +100,6 @@ def venv(dist, tmp_path_factory) -> Path:
     return env_dir
 
 
-def _run(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """(exit code, output); the command's whole process group (ranks included) is killed after it,
-    whether it ended, failed or timed out: a rank left behind would hold the port and the CPU."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log = proc.communicate()[0] + f"\n[timed out after {timeout} s]"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # NOTE: the group outlives its leader while a rank lives
-        proc.wait()
-    return proc.returncode, log
-
-
 def _fresh_env(venv: Path) -> dict[str, str]:
     """launch_env() (clean launch variables, a free port) with nothing that points at the checkout."""
     env = {k: v for k, v in launch_env().items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
@@ -172,16 +153,16 @@ def test_fresh_venv_runs_the_cli_and_a_two_rank_fit(venv, tmp_path):
     in_checkout = [p for p in path if p and Path(p).resolve() != deps and Path(p).resolve().is_relative_to(ROOT)]
     assert not in_checkout and str(deps) in path, path
 
-    rc, log = _run([str(bin_dir / "hetero-strategy"), "--help"], env=env, cwd=tmp_path, timeout=60)
+    rc, log = run_command([str(bin_dir / "hetero-strategy"), "--help"], env=env, cwd=tmp_path, timeout=60)
     assert rc == 0, log[-4000:]
     assert "usage: hetero-strategy" in log and "bench" in log and "emulate" in log
     # the benchmarks are checkout-only (issue 15): the installed command says so in one line, no traceback
-    rc, log = _run([str(bin_dir / "hetero-strategy"), "bench", "compression", "--json", "x.json"],
+    rc, log = run_command([str(bin_dir / "hetero-strategy"), "bench", "compression", "--json", "x.json"],
                           env=env, cwd=tmp_path, timeout=60)
     assert rc == 2 and "Traceback" not in log and "checkout" in log and len(log.strip().splitlines()) == 1, log
 
     (tmp_path / "smoke.py").write_text(_SMOKE)
-    rc, log = _run([str(bin_dir / "python"), "smoke.py"], env=env, cwd=tmp_path, timeout=150)
+    rc, log = run_command([str(bin_dir / "python"), "smoke.py"], env=env, cwd=tmp_path, timeout=150)
     assert rc == 0, log[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["steps"] == 4 and ranks[0]["sizes"] == [3, 13], ranks[0]
