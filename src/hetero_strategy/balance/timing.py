@@ -14,6 +14,7 @@ steps: a step may hold collectives (the probe's competing all-reduce, FSDP's gat
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -49,11 +50,10 @@ def relative_spread(values: Sequence[float]) -> float:
 
     The middle half, not the range: one window hit by a neighbour's burst of work says little about
     how well the median is known."""
-    v = sorted(values)
-    if len(v) < 2:
+    if len(values) < 2:
         return 0.0
-    mid = _median(v)
-    lo, hi = _quantile(v, 0.25), _quantile(v, 0.75)
+    mid = statistics.median(values)
+    lo, _, hi = statistics.quantiles(values, n=4, method="inclusive")  # linear between closest ranks
     return (hi - lo) / 2 / mid if mid > 0 else 0.0
 
 
@@ -147,7 +147,7 @@ def measure_steps(step_fns: Sequence[Callable[[Callable[[], None]], None]], step
         rows = _agree(failure, [spread, time.perf_counter() - start])
         if max(r[0] for r in rows) <= target_spread or max(r[1] for r in rows) >= max_seconds:
             break
-    return [StepTiming(_median(t), relative_spread(t)) for t in times]
+    return [StepTiming(statistics.median(t), relative_spread(t)) for t in times]
 
 
 def _agree(failure: list[Exception], values: list[float]) -> list[list[float]]:
@@ -158,19 +158,6 @@ def _agree(failure: list[Exception], values: list[float]) -> list[list[float]]:
         why = f"{failure[0]!r}" if failure else f"it failed on rank(s) {failed}"
         raise ProbeError(f"probing the training step failed: {why}") from (failure[0] if failure else None)
     return [row[1:] for row in rows]
-
-
-def _median(v: Sequence[float]) -> float:
-    s = sorted(v)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-
-
-def _quantile(s: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks of the sorted ``s``."""
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def _sync() -> None:

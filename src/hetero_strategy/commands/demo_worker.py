@@ -26,6 +26,7 @@ import copy
 import datetime
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any]:
                 runs[mode].step(r)
         if args.progress and rank == 0:
             global_batch = args.batch * world
-            speed = ", ".join(f"{m} {global_batch / _median(runs[m].record['step_s'][-args.block:]):.0f}"
+            speed = ", ".join(f"{m} {global_batch / statistics.median(runs[m].record['step_s'][-args.block:]):.0f}"
                               for m in MODES)
             print(f"round {r + 1}/{args.rounds}: samples/s {speed}; hetero split "
                   f"{runs['hetero_auto'].runtime.sampler.batch_sizes}", flush=True)
@@ -134,11 +135,6 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> dict[str, Any]:
         _, test = digits_datasets(size=32)
         out["accuracy"] = {m: accuracy(run.net, test) for m, run in runs.items()}
     return out
-
-
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
