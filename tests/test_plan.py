@@ -42,6 +42,9 @@ def test_overlap_hides_the_exchange_up_to_its_share_of_compute():
     assert step_seconds(1.0, 0.3, overlap=0.5) == pytest.approx(1.0)  # 0.3 < 0.5: hidden
     assert step_seconds(1.0, 0.8, overlap=0.5) == pytest.approx(1.3)  # 0.5 hidden, 0.3 exposed
     assert step_seconds(1.0, 0.8, overlap=0.0) == pytest.approx(1.8)
+    # the last bucket's 0.4 s starts only after backward: of the other 0.4 s, all hides under 0.5 s
+    assert step_seconds(1.0, 0.8, overlap=0.5, tail_s=0.4) == pytest.approx(1.4)
+    assert step_seconds(1.0, 0.8, overlap=0.5, tail_s=0.8) == pytest.approx(1.8)  # one bucket: nothing hides
 
 
 def test_flops_on_the_meta_device_match_the_closed_form():

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=count(2), default=32, help="mean per-rank batch (default 32)")
     parser.add_argument("--rounds", type=count(1), default=2,
                         help="alternating rounds of the balance configurations (default 2); the codec one runs "
-                             "4 x this many steps per method, alternating step by step")
+                             "4 x this many rounds, methods alternating in blocks of 3 steps (the mean of the last 2)")
     parser.add_argument("--steps", type=count(4), default=12, help="training steps per method and round")
     parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
     parser.add_argument("--profile-bytes", default="16MB", help="largest all-reduce of the profile's sweep")
@@ -116,7 +116,7 @@ def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: 
 
     path = out / "steptime.json"
     cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", str(4 * args.rounds),
-           "--methods", *_CODECS]
+           "--block", "3", "--methods", *_CODECS]
     started = time.perf_counter()
     res = cluster.run(cmd, timeout=args.timeout)
     if not res.ok:
@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
-                         "statistics": "step: median over rounds of each round's median step (codecs: of single "
-                                       "steps, methods alternating); spread [min, max]; error = predicted/measured - 1"})
+                         "statistics": "step: median over rounds of each round's median step (codecs: of the "
+                                       "mean of the last 2 steps of each 3-step block, methods alternating); spread [min, max]; error = predicted/measured - 1"})
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))

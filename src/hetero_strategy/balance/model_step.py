@@ -6,11 +6,14 @@ sample). Where the rank can run the model, the real step is better: this builds 
 and ``b / 2`` samples, and fits the probe's :class:`~.probe.StepCost` (fixed + b / rate) through
 forward and backward at the two sizes, without any exchange (the cost model adds that). The
 optimizer's step (SGD with momentum: a few passes over every parameter, whatever the batch) is
-timed apart and reported as ``optimizer_s``, part of the step's fixed cost.
+timed apart and reported as ``optimizer_s``, part of the step's fixed cost. ``codec_s`` holds what
+``compression="auto"`` measures of each codec (its stand-ins, from which it decides), ``hook_s``
+what each codec's hook costs a step under DDP (:mod:`hetero_strategy.hooks.timing`, what a step pays).
 
 Example::
 
-    measure_model_step("resnet18", batch=32)   # {"model", "batch", "samples_per_s", "fixed_s", "optimizer_s"}
+    measure_model_step("resnet18", batch=32)   # {"model", "batch", "samples_per_s", "fixed_s", "optimizer_s",
+                                               #  "codec_s", "hook_s"}
 """
 
 from __future__ import annotations
@@ -24,8 +27,13 @@ import torch
 
 from hetero_strategy.balance.probe import StepCost, fit_step_cost
 from hetero_strategy.cluster.model import model_builder, model_loss
+from hetero_strategy.hooks.timing import hook_seconds
 
-__all__ = ["measure_model_step", "repeat_batch"]
+__all__ = ["HOOK_LABELS", "measure_model_step", "repeat_batch"]
+
+#: the codecs whose hook the profile times as DDP runs it (:func:`~hetero_strategy.hooks.timing.hook_seconds`)
+HOOK_LABELS = ("dense", "fp16", "powersgd rank 8", "powersgd rank 4", "powersgd rank 2", "powersgd rank 1",
+               "topk_allreduce density 0.05", "topk_allreduce density 0.01", "topk density 0.05", "topk density 0.01")
 
 
 def repeat_batch(batch: Any, size: int) -> Any:
@@ -69,7 +77,8 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     for p in model.parameters():
         p.grad = None
     return {"model": spec, "batch": sizes, "samples_per_s": cost.samples_per_s, "fixed_s": cost.fixed_s,
-            "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model)}
+            "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model),
+            "hook_s": hook_seconds(model, batches[0], model_loss, HOOK_LABELS)}
 
 
 def codec_seconds(model: torch.nn.Module) -> dict[str, float]:

@@ -24,15 +24,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.balance.shares import split_batch, split_batch_timed
 from hetero_strategy.cluster.cost import effective_link, exchange_seconds, step_seconds
 from hetero_strategy.cluster.model import ModelCost
 from hetero_strategy.cluster.spec import PlanCluster, RankDevice
-from hetero_strategy.cluster.wire import bytes_per_rank
+from hetero_strategy.cluster.wire import bytes_per_rank, framing_of
+from hetero_strategy.config import BalanceConfig, ConfigError
 from hetero_strategy.hooks.auto import STEP_FACTORS, AutoMeasurement, Candidate, buckets_of, choose
 
-__all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "MethodPlan", "plan", "plan_methods", "predict", "scale"]
+__all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "STATIC_BYTES_PER_PARAMETER", "MethodPlan", "memory_caps", "plan",
+           "plan_methods", "predict", "scale"]
 
 METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
 
@@ -41,6 +44,10 @@ METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
 #: reads it for the non-finite marker and the selection passes, and writes the residual (~10 x 4 B);
 #: the fp16 cast reads 4 B, writes 2, and back (12 B).
 CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "topk": 40.0, "fp16": 12.0}
+
+#: Bytes per parameter a DDP rank holds whatever its batch: fp32 weights, gradients, DDP's bucket
+#: copy of them and SGD's momentum (the recipes' optimizer; Adam's two moments would add 4 more).
+STATIC_BYTES_PER_PARAMETER = 16.0
 
 
 @dataclass
@@ -53,8 +60,35 @@ class MethodPlan:
     step_s: float
     samples_per_s: float
     bytes_per_rank: float
+    """Payload: what the hooks count (``comm/bytes_sent``)."""
+    wire_bytes_per_rank: float
+    """The payload with the transport's headers (:func:`~hetero_strategy.cluster.wire.framing_of`)."""
     step_factor: float = 1.0
     """Steps to the same accuracy relative to dense (``compression="auto"``'s table)."""
+    passes: list[int] | None = None
+    """Forward/backward passes per rank where its share exceeds its memory cap (micro-batching)."""
+
+
+def memory_caps(cluster: PlanCluster, model: ModelCost, margin: float | None = None) -> list[int | None]:
+    """Each rank's largest pass (samples) that fits its device's memory less ``margin`` (the
+    runtime's ``memory_margin``), by the probe's memory model (:class:`~.memory.MemoryCost`):
+    :data:`STATIC_BYTES_PER_PARAMETER` fixed, the model's activations per sample; None where the
+    device's memory is unknown.
+
+    Raises:
+        ConfigError: a rank whose device cannot hold the model with even one sample.
+    """
+    margin = BalanceConfig().memory_margin if margin is None else margin
+    caps = []
+    for k, r in enumerate(cluster.ranks):
+        cost = MemoryCost(STATIC_BYTES_PER_PARAMETER * model.parameters, model.activation_bytes_per_sample,
+                          r.memory_bytes)
+        cap = cost.cap(margin)
+        if cap == 0:
+            raise ConfigError(f"rank {k} ({r.card}, {r.memory_bytes / 2**30:.1f} GiB) cannot hold model={model.name!r}: "
+                              f"{cost.bytes(1) / 2**30:.1f} GiB for one sample; plan a smaller model or shard it (FSDP2)")
+        caps.append(cap)
+    return caps
 
 
 def _timed(r: RankDevice, model: ModelCost) -> bool:
@@ -75,12 +109,14 @@ def _efficiency(r: RankDevice, model: ModelCost, default: float) -> float:
     return default
 
 
-def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float) -> float:
-    """One rank's codec work per step: as a profile timed it on this model, else bound by its memory
-    bandwidth, or PowerSGD's fp32 matmuls."""
-    timed = dict(r.codec_s) if _timed(r, model) else {}
-    if c.label in timed:
-        return timed[c.label]
+def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float, paid: bool = True) -> float:
+    """One rank's codec work per step: what a step pays for it (``paid``: the hook under DDP, as a
+    profile timed it), else what ``compression="auto"`` measures of it (its stand-ins, which it decides
+    from); where the profile did not time this model, bound by memory bandwidth or PowerSGD's matmuls."""
+    if _timed(r, model):
+        for table in ((r.hook_s, r.codec_s) if paid else (r.codec_s,)):
+            if c.label in dict(table):
+                return dict(table)[c.label]
     if c.codec == "powersgd":
         eff = _efficiency(r, model, efficiency)
         return _powersgd_flops(model, c.rank or 4) / (eff * r.fp32_tflops * 1e12)
@@ -107,13 +143,15 @@ def _measurement(cluster: PlanCluster, model: ModelCost) -> AutoMeasurement:
     link, w = effective_link(cluster.topology), cluster.world
     factor = 2 * (w - 1) / w
     n, eff = max(model.parameters, 1), cluster.efficiency
-    slow = [_slowest(cluster.ranks, lambda r, c=c: _codec_seconds(c, r, model, eff)) for c in
-            (Candidate("topk_allreduce", density=0.01), Candidate("fp16"))]
+
+    def slowest(c: Candidate) -> float:
+        return _slowest(cluster.ranks, lambda r: _codec_seconds(c, r, model, eff, paid=False))
+
     return AutoMeasurement(
         link_bytes_per_s=link.bytes_per_s / factor, latency_s=link.latency_s * 2 * (w - 1),
-        topk_s_per_entry={0.05: slow[0] / n, 0.01: slow[0] / n}, cast_s_per_entry=slow[1] / n,
-        powersgd_s={k: _slowest(cluster.ranks, lambda r, k=k: _codec_seconds(Candidate("powersgd", rank=k), r, model,
-                                                                             eff)) for k in (1, 2, 4, 8)},
+        topk_s_per_entry={d: slowest(Candidate("topk_allreduce", density=d)) / n for d in (0.05, 0.01)},
+        cast_s_per_entry=slowest(Candidate("fp16")) / n,
+        powersgd_s={k: slowest(Candidate("powersgd", rank=k)) for k in (1, 2, 4, 8)},
         backend=cluster.backend, fp16_time_ratio=_half_ratio(cluster))
 
 
@@ -143,11 +181,20 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
                                   [c.fixed_s + x for c, x in zip(costs, codec)])
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, codec))
     density, rank = candidate.density or 0.01, candidate.rank or 4
-    comm = exchange_seconds(candidate.codec, buckets, w, effective_link(cluster.topology), density, rank,
-                            _half_ratio(cluster)) if w > 1 else 0.0
-    step = step_seconds(compute, comm, cluster.overlap)
+    link = effective_link(cluster.topology)
+
+    def exchange(part: list) -> float:
+        return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
+
+    comm = exchange(buckets)
+    # NOTE: torch's PowerSGD on gloo runs in one bucket (it aborts with several), so all of it follows backward
+    one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
+    step = step_seconds(compute, comm, cluster.overlap, tail_s=comm if one_bucket else exchange(buckets[-1:]))
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
-    return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, step_factor)
+    framing = sum(framing_of(t) for t in cluster.tiers) / w
+    passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, memory_caps(cluster, model))]
+    return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, sent * framing, step_factor,
+                      passes)
 
 
 def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: str, even: bool = True,
@@ -188,7 +235,7 @@ def plan(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict:
                     "backend": cluster.backend,
                     "ranks": [dict(asdict(r), rank=i, tier=t) for i, (r, t) in enumerate(zip(cluster.ranks, cluster.tiers))]},
         "global_batch": global_batch,
-        "memory_caps": None,  # NOTE: not modelled yet: every rank may take any batch
+        "memory_caps": memory_caps(cluster, model),
         "methods": {m: asdict(p) for m, p in methods.items()},
         "speedup": {"hetero_vs_ddp": sps["hetero"] / sps["ddp"], "hetero_auto_vs_ddp": sps["hetero_auto"] / sps["ddp"],
                     "hetero_vs_ddp_powersgd": sps["hetero"] / sps["ddp_powersgd"],

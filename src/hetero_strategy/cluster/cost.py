@@ -18,8 +18,8 @@ all-reduces the shards between nodes (through one inter-node link per node, whic
 gloo only rings.
 
 **Step.** ``step = max_r (fixed_r + b_r / rate_r + codec_r) + exposed(comm)``: every rank waits
-for the slowest; the exchange starts during backward, so up to ``overlap`` x compute of it is
-hidden (:func:`step_seconds`).
+for the slowest; the exchange of every bucket but the last starts during backward, so up to
+``overlap`` x compute of it is hidden (:func:`step_seconds`); the last bucket's is not.
 
 Example::
 
@@ -154,13 +154,18 @@ def sparse_pays(numel: int, capacity: int, world: int, link: Link, codec_s_per_e
     return sparse < dense
 
 
-def step_seconds(compute_s: float, comm_s: float, overlap: float = 0.0) -> float:
-    """compute + the exchange's part that backward does not hide: comm - min(comm, overlap x compute).
+def step_seconds(compute_s: float, comm_s: float, overlap: float = 0.0, tail_s: float = 0.0) -> float:
+    """compute + the exchange's part that backward does not hide.
 
     ``compute_s`` is the slowest rank's forward, backward and codec work; ``overlap`` in [0, 1] the
-    share of it the exchange can run under (0: none, as on one CPU core that does both).
+    share of it the exchange can run under (0: none, as on one CPU core that does both);
+    ``tail_s`` the part of ``comm_s`` that cannot start before backward ends (the last bucket's
+    exchange: its gradients are ready last), always exposed::
+
+        compute + tail + (comm - tail) - min(comm - tail, overlap x compute)
     """
-    return compute_s + comm_s - min(comm_s, overlap * compute_s)
+    early = max(0.0, comm_s - tail_s)
+    return compute_s + comm_s - min(early, overlap * compute_s)
 
 
 def ideal_samples_per_s(global_batch: int, solo_samples_per_s: Sequence[float], t_ar_s: float) -> float:

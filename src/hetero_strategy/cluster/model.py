@@ -65,6 +65,9 @@ class ModelCost:
     """Trainable parameters' shapes, in the module's order."""
     flops_per_sample: float
     """Forward + backward FLOPs of one sample."""
+    activation_bytes_per_sample: float = 0.0
+    """Bytes forward keeps for backward per sample (parameters left out): the step's memory that
+    grows with the batch."""
 
     @property
     def parameters(self) -> int:
@@ -148,7 +151,15 @@ def describe_model(spec: str) -> ModelCost:
         with torch.device("meta"):
             model, batch = build()
             model.train()
-            with FlopCounterMode(display=False) as counter:
+            params = {id(p) for p in model.parameters()}
+            kept: dict[int, int] = {}  # NOTE: by identity: one tensor saved by two operations is held once
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                if id(t) not in params and id(t._base) not in params:  # a weight (or its view) is no activation
+                    kept[id(t)] = t.numel() * t.element_size()
+                return t
+
+            with FlopCounterMode(display=False) as counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 model_loss(model, batch).backward()
     except ConfigError:
         raise
@@ -156,4 +167,5 @@ def describe_model(spec: str) -> ModelCost:
         raise ConfigError(f"model={shown(spec)} is invalid: building it and running a step on the meta device failed "
                           f"({type(e).__name__}: {str(e)[:200]}); give a model that runs on any device") from None
     shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
-    return ModelCost(spec, shapes, counter.get_total_flops() / _batch_size(batch))
+    n = _batch_size(batch)
+    return ModelCost(spec, shapes, counter.get_total_flops() / n, sum(kept.values()) / n)

@@ -60,7 +60,12 @@ class RankDevice:
     """(model, samples/s, fixed seconds) of that model's step as a profile timed it (``profile --model``;
     the fixed part with the optimizer's step)."""
     codec_s: tuple[tuple[str, float], ...] = ()
-    """(candidate label, seconds) of each codec's work on that model, as the profile timed it."""
+    """(candidate label, seconds) of each codec's work on that model as ``compression="auto"``
+    measures it (its stand-ins: what it decides from)."""
+    hook_s: tuple[tuple[str, float], ...] = ()
+    """(candidate label, seconds) of each codec's hook under DDP on that model (what a step pays)."""
+    memory_bytes: float | None = None
+    """The device's memory (the table's, or what a profile read), None where unknown."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
     """A rank from the table's card and/or a profile's rank entry (measured figures win)."""
     if measured is None:
         return RankDevice(node, card.name, card.dtype, card.peak_tflops(), card.memory_gbps, card.tflops["fp32"],
-                          fixed_s)
+                          fixed_s, memory_bytes=card.memory_gb * 2**30)
     dtype = measured.get("training_dtype") or (card.dtype if card else "fp32")
     rates = measured.get("matmul_tflops") or {}
     tflops = rates.get(dtype) or rates.get("fp32") or (card.peak_tflops() if card else None)
@@ -188,25 +193,38 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
         timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])) + max(0.0, optimizer))
     else:
         timed = None
-    codecs = step.get("codec_s") if timed is not None else None
-    codec_s = tuple((k, float(v)) for k, v in codecs.items() if _number(v) and v >= 0) if isinstance(codecs, dict) else ()
-    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed, codec_s)
+    held = (measured.get("device") or {}).get("memory_bytes")
+    held = float(held) if _number(held) and held > 0 else (card.memory_gb * 2**30 if card else None)
+    return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed,
+                      _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held)
+
+
+def _seconds(step: Any, key: str, timed: Any) -> tuple[tuple[str, float], ...]:
+    """A profile's {label: seconds} table under ``model_step[key]`` (empty where absent)."""
+    table = step.get(key) if timed is not None else None
+    return tuple((k, float(v)) for k, v in table.items() if _number(v) and v >= 0) if isinstance(table, dict) else ()
 
 
 def _measured_link(doc: dict) -> Link:
     """A profile's link: what its largest all-reduce measured (the collective the cost model times,
     with the reduction's own work in it, which on gloo is CPU time), else its slowest rank's
-    point-to-point bandwidth; the small all-reduce's latency spread over the ring's hops."""
+    point-to-point bandwidth. Its latency: the smallest all-reduce's mean time, spread over the
+    ring's hops; NOTE: the mean, not the latency probe's median: a step's collectives also wait
+    for peers that the scheduler has paused (a CPU quota's period, another process), and the
+    sweep's mean pays that as they do. The probe's median stands in where there is no sweep."""
     ranks = doc["ranks"]
+    hops = 2 * max(len(ranks) - 1, 1)
     latency = [(r.get("latency_us") or {}).get("p50_us") for r in ranks]
     latency = [x for x in latency if _number(x)]
-    latency_s = max(latency) * 1e-6 if latency else 20e-6 * 2 * max(len(ranks) - 1, 1)
+    latency_s = max(latency) * 1e-6 if latency else 20e-6 * hops
     sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("algbw_gbit_s"))]
     if sweep and len(ranks) > 1:
+        smallest = min(sweep, key=lambda row: row.get("bytes") or 0)
+        latency_s = max(latency_s, smallest["time_s"]) if _number(smallest.get("time_s")) else latency_s
         biggest = max(sweep, key=lambda row: row.get("bytes") or 0)
         return Link.from_allreduce(biggest["algbw_gbit_s"] * 1e9 / 8, len(ranks), latency_s)
     gbit = [r["bandwidth_gbit_s"] for r in ranks if r.get("bandwidth_gbit_s")]
-    return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, latency_s / (2 * max(len(ranks) - 1, 1)))
+    return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, latency_s / hops)
 
 
 def _wire_share(doc: dict) -> float | None:

@@ -37,7 +37,14 @@ from collections.abc import Sequence
 
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-__all__ = ["CODECS", "bytes_per_rank", "collectives", "ring_traffic", "topk_k", "wire_entries"]
+__all__ = ["CODECS", "TCP_FRAMING", "bytes_per_rank", "collectives", "framing_of", "ring_traffic", "topk_k",
+           "wire_entries"]
+
+#: Header bytes of one full TCP frame on Ethernet: 20 IP + 20 TCP + 12 timestamp option inside the
+#: MTU, 14 Ethernet outside it. NOTE: a veth's counter sees a GSO super-packet as one frame, so an
+#: unshaped emulated link counts ~no headers; `tc tbf` splits them into real frames (bench plan at 100 Mbit/s).
+TCP_FRAMING = (52, 14)
+
 
 CODECS = ("dense", "fp16", "bf16", "topk", "topk_allreduce", "powersgd")
 
@@ -107,6 +114,15 @@ def collectives(codec: str, shapes: Sequence[Sequence[int]], world: int, density
     if dense_n or not sparse_k:
         out.append(("all_reduce", 4.0 * sum(dense_n) + (0 if sparse_k else 4)))
     return out
+
+
+def framing_of(tier: str, mtu: int = 1500) -> float:
+    """Wire bytes per payload byte on a link of ``tier``: TCP/IP over Ethernet on the eth tiers, the
+    payload alone on NVLink and InfiniBand (their headers are a few bytes per 4 KB: left out)."""
+    if not tier.startswith("eth"):
+        return 1.0
+    inside, outside = TCP_FRAMING
+    return (mtu + outside) / (mtu - inside)
 
 
 def bytes_per_rank(codec: str, buckets: Sequence[Sequence[Sequence[int]]], world: int, density: float = 0.01,

@@ -105,9 +105,14 @@ def _table(result: dict[str, Any]) -> Any:
 
 def _summary(result: dict[str, Any]) -> str:
     s = result["speedup"]
+    caps = result["memory_caps"]
+    split = [p for p in result["methods"]["hetero"]["passes"] if p > 1]
+    memory = ("memory: unknown for some ranks" if None in caps else
+              f"memory caps (samples per pass): {_groups(result, caps)}" +
+              (f"; hetero micro-batches on {len(split)} ranks" if split else ""))
     return (f"predicted: hetero {s['hetero_vs_ddp']:.2f}x DDP; hetero + auto codec "
             f"({result['methods']['hetero_auto']['codec']}) {s['hetero_auto_vs_ddp']:.2f}x DDP and "
-            f"{s['hetero_auto_vs_ddp_powersgd']:.2f}x DDP + PowerSGD")
+            f"{s['hetero_auto_vs_ddp_powersgd']:.2f}x DDP + PowerSGD\n{memory}")
 
 
 def _scale_table(sc: dict[str, Any]) -> Any:
