@@ -49,3 +49,16 @@ def test_idle_never_negative_when_the_estimated_compute_outlasts_the_step():
     # the fast rank's estimated compute, 133 / 400 = 0.3325 s, is longer than the 0.3 s step
     het = [{"starts": _clock(0.3, 12), "batches": [b] * 12} for b in (133, 67)]
     assert mode_figures(het, solo, measure=5)["fast_rank_idle_fraction"] == 0.0
+
+
+def test_the_gap_to_ideal_splits_into_parts_worked_out_by_hand():
+    """Solo 100 and 50 samples/s, t_ar 0.1 s; 80/40 samples computed in 0.9 / 0.85 s, a 1.1 s step.
+    A perfect split at solo speeds computes in 120 / 150 = 0.8 s; the run computes 1.125x and 1.0625x
+    slower than alone (mean 1.09375): 0.075 s of slowdown; the slowest rank 0.9 - 0.875 = 0.025 s over
+    a perfect split at those speeds; after backward 1.1 - 0.9 - 0.1 = 0.1 s beyond the all-reduce."""
+    from hetero_bench.balance_metrics import gap_shares
+
+    got = gap_shares(1.1, [80, 40], [0.9, 0.85], {"solo_samples_per_s": [100.0, 50.0], "t_ar_s": 0.1})
+    want = {"ideal": 0.9, "slowdown": 0.075, "imbalance": 0.025, "after_backward": 0.1}
+    assert got == pytest.approx({k: v / 1.1 for k, v in want.items()})
+    assert sum(got.values()) == pytest.approx(1.0)

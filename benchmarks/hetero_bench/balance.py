@@ -64,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
                         help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
-    parser.add_argument("--sweep-points", default="0.85,1.0,1.15",
-                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.85,1.0,1.15)")
+    parser.add_argument("--sweep-points", default="0.7,0.85,1.0,1.15,1.3",
+                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.7,0.85,1.0,1.15,1.3)")
     parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
     parser.add_argument("--cal-steps", type=count(2), default=50, help="steps of the calibrated run (from equal shares)")
     parser.add_argument("--measure", type=count(1), default=10, help="figures use the last N steps of each run")

@@ -83,6 +83,8 @@ def summarise(rounds: list[dict], trainings: Sequence[str], config: dict, descri
     if "hetero_tiered" in trainings and "ddp_powersgd" in trainings:  # paired within a round
         result["hetero_tiered_vs_ddp_powersgd"] = statistics.median(
             r["hetero_tiered_samples_per_s"] / r["ddp_powersgd_samples_per_s"] for r in rounds)
+    result["gap"] = {m: {k: statistics.median(r["modes"][m]["gap"][k] for r in rounds) for k in rounds[0]["modes"][m]["gap"]}
+                     for m in trainings if all("gap" in r["modes"][m] for r in rounds)}  # medians over rounds
     result["fast_rank_idle_fraction_solo_estimate"] = {
         m: med(f"fast_rank_idle_fraction_{m}_solo_estimate") for m in trainings}
     result["batch_sizes"] = {m: rounds[-1]["modes"][m]["batch_sizes"] for m in trainings}
@@ -131,4 +133,7 @@ def goals(result: dict) -> dict[str, dict]:
     for k, v in wanted.items():
         value = result[k]
         out[k] = {"goal": v, "value": value, "met": value <= v if "idle" in k else value >= v}
+    if "best_split" in result:  # a best split at an end of the sweep may not be the best there is
+        out["sweep_brackets_best_split"] = {"goal": True, "value": not result["best_split_at_sweep_edge"],
+                                            "met": not result["best_split_at_sweep_edge"]}
     return out

@@ -8,12 +8,14 @@ forward and backward at the two sizes, without any exchange (the cost model adds
 optimizer's step (SGD with momentum: a few passes over every parameter, whatever the batch) is
 timed apart and reported as ``optimizer_s``, part of the step's fixed cost. ``codec_s`` holds what
 ``compression="auto"`` measures of each codec (its stand-ins, from which it decides), ``hook_s``
-what each codec's hook costs a step under DDP (:mod:`hetero_strategy.hooks.timing`, what a step pays).
+what each codec's hook costs a step under DDP (:mod:`hetero_strategy.hooks.timing`, what a step pays):
+its CPU seconds over ``cpu_share``, the share of a core the timed windows got (CPU time over wall
+time: under a quota, 0.25 of a core's rank gets ~0.25), so a quota's 100 ms bursts do not blur it.
 
 Example::
 
     measure_model_step("resnet18", batch=32)   # {"model", "batch", "samples_per_s", "fixed_s", "optimizer_s",
-                                               #  "codec_s", "hook_s"}
+                                               #  "codec_s", "cpu_share", "hook_s"}
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from hetero_strategy.balance.probe import StepCost, fit_step_cost
 from hetero_strategy.cluster.model import model_builder, model_loss
 from hetero_strategy.hooks.timing import hook_seconds
 
-__all__ = ["HOOK_LABELS", "measure_model_step", "repeat_batch"]
+__all__ = ["HOOK_LABELS", "measure_model_step", "repeat_batch", "varied"]
 
 #: the codecs whose hook the profile times as DDP runs it (:func:`~hetero_strategy.hooks.timing.hook_seconds`)
 HOOK_LABELS = ("dense", "fp16", "powersgd rank 8", "powersgd rank 4", "powersgd rank 2", "powersgd rank 1",
@@ -61,24 +63,44 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     sizes = sorted({batch, max(1, batch // 2)}, reverse=True)
     batches = [repeat_batch(example, b) for b in sizes]
 
+    spent = [0.0, 0.0]  # CPU seconds, wall seconds of the timed windows
+
     def run(x: Any, reps: int) -> float:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(reps):
             model_loss(model, x).backward()
-        return (time.perf_counter() - t0) / reps
+        wall = time.perf_counter() - t0
+        spent[0] += time.process_time() - c0
+        spent[1] += wall
+        return wall / reps
 
     reps = [max(1, math.ceil(window_s / max(run(x, 1), run(x, 1), 1e-6))) for x in batches]  # 2 warm-ups
     windows: list[list[float]] = [[] for _ in sizes]
+    spent[:] = [0.0, 0.0]
     for _ in range(steps):
         for k, x in enumerate(batches):
             windows[k].append(run(x, reps[k]))
     cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
         StepCost(sizes[0] / statistics.median(windows[0]))
+    share = min(1.0, spent[0] / spent[1]) if spent[1] > 0 and spent[0] > 0 else 1.0
     for p in model.parameters():
         p.grad = None
     return {"model": spec, "batch": sizes, "samples_per_s": cost.samples_per_s, "fixed_s": cost.fixed_s,
             "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model),
-            "hook_s": hook_seconds(model, batches[0], model_loss, HOOK_LABELS)}
+            "cpu_share": share,
+            "hook_s": {k: v / share for k, v in hook_seconds(model, varied(batches[0]), model_loss, HOOK_LABELS).items()}}
+
+
+def varied(batch: Any) -> Any:
+    """``batch`` with its floating-point tensors drawn at random (integers, e.g. token ids, kept).
+
+    NOTE: a model's example batch is often zeros; its gradient then holds many equal entries, and
+    Top-K's threshold selection on ties measured ~10x slower than on a real gradient."""
+    if isinstance(batch, dict):
+        return {k: varied(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(varied(v) for v in batch)
+    return torch.randn_like(batch) if batch.is_floating_point() else batch
 
 
 def codec_seconds(model: torch.nn.Module) -> dict[str, float]:

@@ -181,15 +181,18 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
                                   [c.fixed_s + x for c, x in zip(costs, codec)])
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, codec))
     density, rank = candidate.density or 0.01, candidate.rank or 4
-    link = effective_link(cluster.topology)
+    link = effective_link(cluster.topology) if w > 1 else None
 
     def exchange(part: list) -> float:
         return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
-    # NOTE: torch's PowerSGD on gloo runs in one bucket (it aborts with several), so all of it follows backward
-    one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
-    step = step_seconds(compute, comm, cluster.overlap, tail_s=comm if one_bucket else exchange(buckets[-1:]))
+    # NOTE: on gloo, a compressing hook's exchange is a chain of small collectives whose callbacks
+    # (decoding, PowerSGD's next matrix product) run on gloo's worker thread, on the rank's one core
+    # with backward: bench plan measured none of it hidden. torch's PowerSGD runs in one bucket there
+    # (it aborts with several), so all of it follows backward anyway.
+    chained = cluster.backend == "gloo" and candidate.codec not in ("dense", "fp16", "bf16")
+    step = step_seconds(compute, comm, 0.0 if chained else cluster.overlap, tail_s=exchange(buckets[-1:]))
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     framing = sum(framing_of(t) for t in cluster.tiers) / w
     passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, memory_caps(cluster, model))]
@@ -207,15 +210,21 @@ def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: st
 
 
 def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict[str, MethodPlan]:
-    """Each method's predicted split, times and bytes on ``cluster``."""
+    """Each method's predicted split, times and bytes on ``cluster``.
+
+    Raises:
+        ConfigError: a rank that cannot hold the model (:func:`memory_caps`).
+    """
+    memory_caps(cluster, model)  # NOTE: refuse before modelling time
     buckets = buckets_of(model.shapes)
     out = {"ddp": _method(cluster, model, global_batch, Candidate("dense"), True, buckets),
            "ddp_powersgd": _method(cluster, model, global_batch, Candidate("powersgd", rank=4), True, buckets,
                                    STEP_FACTORS["powersgd rank 4"]),
            "hetero": _method(cluster, model, global_batch, Candidate("dense"), False, buckets)}
     if cluster.world > 1:
-        d = choose(_measurement(cluster, model), buckets, cluster.world, list(cluster.tiers),
-                   compute_s=out["hetero"].compute_s)
+        # NOTE: compute_s=0, as a run's compression="auto" decides (build_comm_hook passes no compute):
+        # this predicts the codec a run gets, not the one that would minimise steps x step time
+        d = choose(_measurement(cluster, model), buckets, cluster.world, list(cluster.tiers), compute_s=0.0)
         c = Candidate(d.codec, d.density, d.rank)
     else:
         c = Candidate("dense")

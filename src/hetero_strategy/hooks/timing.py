@@ -63,7 +63,12 @@ def _solo_group() -> tuple[Any, bool]:
 
 def hook_seconds(model: torch.nn.Module, batch: Any, loss: Callable[[torch.nn.Module, Any], torch.Tensor],
                  labels: Sequence[str], pairs: int = 3) -> dict[str, float]:
-    """Seconds per step of each codec's hook (with DDP's buckets) on ``model`` at ``batch``.
+    """CPU seconds per step of each codec's hook (with DDP's buckets) on ``model`` at ``batch``.
+
+    NOTE: CPU time, not wall time: under a CPU quota a step runs in bursts of the scheduler's
+    period (100 ms), which would blur a difference of two steps by up to twice that; the caller
+    divides by the share of a core the rank gets (:func:`~hetero_strategy.balance.model_step.measure_model_step`).
+    On a GPU the hooks' kernels are asynchronous: this counts their launches, not their run.
 
     Per label: a copy of the model under DDP with the label's hook, 3 warm-up steps (DDP's bucket
     rebuild, PowerSGD's dense start), then ``pairs`` of (step with the hook, step under
@@ -91,10 +96,11 @@ def hook_seconds(model: torch.nn.Module, batch: Any, loss: Callable[[torch.nn.Mo
 
 
 def _step(ddp: Any, batch: Any, loss: Callable[[torch.nn.Module, Any], torch.Tensor], sync: bool) -> float:
-    """Seconds of forward + backward, with DDP's exchange (``sync``) or under ``no_sync``."""
-    t0 = time.perf_counter()
+    """CPU seconds (this process, every thread) of forward + backward, with DDP's exchange (``sync``)
+    or under ``no_sync``."""
+    c0 = time.process_time()
     with contextlib.nullcontext() if sync else ddp.no_sync():
         loss(ddp, batch).backward()
     for p in ddp.parameters():
         p.grad = None
-    return time.perf_counter() - t0
+    return time.process_time() - c0
