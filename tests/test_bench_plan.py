@@ -71,8 +71,8 @@ def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
 
 
 def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
-    """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer, not TFLOP/s;
-    measured on CPUs, it plans gloo, and only the link's share of the exchange hides under compute."""
+    """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer + the
+    dense hook, not TFLOP/s; measured on CPUs, it plans gloo, whose fp16 halves only the link's share."""
     from hetero_strategy.balance.plan import predict
     from hetero_strategy.cluster.model import describe_model
     from hetero_strategy.cluster.profile import SCHEMA
@@ -94,9 +94,10 @@ def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     path = tmp_path / "node.json"
     path.write_text(json.dumps(doc))
     cluster = read_cluster([str(path)])
-    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest
+    # the link (1 Gbit/s point to point) takes 0.8 of the all-reduce's time, the CPU's sum the rest;
+    # half of compute may hide the exchange, on CPUs as on GPUs
     assert cluster.backend == "gloo" and cluster.wire_share == pytest.approx(0.8)
-    assert cluster.overlap == pytest.approx(0.5 * 0.8)
+    assert cluster.overlap == pytest.approx(0.5)
     model = describe_model(spec)
     got = predict(cluster, model, 20, "dense")
     assert got.batch_sizes == [10, 10]

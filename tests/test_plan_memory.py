@@ -31,9 +31,10 @@ def test_activations_per_sample_are_what_backward_keeps():
 
 
 def test_caps_follow_the_memory_model_and_split_a_share_into_passes(tmp_path):
+    from test_plan import TINY_PARAMS
+
     from hetero_strategy.balance.plan import STATIC_BYTES_PER_PARAMETER, memory_caps, plan
     from hetero_strategy.cluster.model import describe_model
-    from test_plan import TINY_PARAMS
 
     cluster, model = _cluster(tmp_path, "A100-80GB, V100-32GB"), describe_model("test_plan:tiny_mlp")
     want = [int((gib * 2**30 * 0.9 - STATIC_BYTES_PER_PARAMETER * TINY_PARAMS) // 120) for gib in (80, 32)]

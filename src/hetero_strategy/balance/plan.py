@@ -187,12 +187,9 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
-    # NOTE: on gloo, a compressing hook's exchange is a chain of small collectives whose callbacks
-    # (decoding, PowerSGD's next matrix product) run on gloo's worker thread, on the rank's one core
-    # with backward: bench plan measured none of it hidden. torch's PowerSGD runs in one bucket there
-    # (it aborts with several), so all of it follows backward anyway.
-    chained = cluster.backend == "gloo" and candidate.codec not in ("dense", "fp16", "bf16")
-    step = step_seconds(compute, comm, 0.0 if chained else cluster.overlap, tail_s=exchange(buckets[-1:]))
+    # NOTE: torch's PowerSGD runs in one bucket on gloo (it aborts with several): all of it follows backward
+    one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
+    step = step_seconds(compute, comm, cluster.overlap, tail_s=comm if one_bucket else exchange(buckets[-1:]))
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     framing = sum(framing_of(t) for t in cluster.tiers) / w
     passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, memory_caps(cluster, model))]
