@@ -70,3 +70,18 @@ def test_fit_step_cost_falls_back_to_plain_rate_on_noise():
     assert fit_step_cost([(128, 0.3), (64, 0.31)]) == StepCost(128 / 0.3)
     # A line that would cross below zero (negative fixed cost) also falls back.
     assert fit_step_cost([(128, 0.3), (64, 0.01)]) == StepCost(128 / 0.3)
+
+
+def test_a_probed_split_leaves_every_rank_two_samples_where_the_batch_allows(monkeypatch):
+    """A slow rank whose probe says 1 sample ([63, 1]) trains on 2 through the runtime's planner: a
+    BatchNorm over a 1x1 map raises on one sample. Where G < 2W, one sample per rank is the floor."""
+    from hetero_strategy.balance import least_share
+    from hetero_strategy.config import BalanceConfig
+    from hetero_strategy.runtime import planner
+
+    costs = [StepCost(400.0, 0.0), StepCost(100.0, 0.15)]
+    assert split_batch_timed(64, [c.samples_per_s for c in costs], [c.fixed_s for c in costs]) == [63, 1]
+    assert least_share(64, 2) == 2 and least_share(5, 3) == 1
+    # every rank's probed cost, as the all-gather would return it on a 2-rank job
+    monkeypatch.setattr(planner, "gather_step_costs", lambda cost, world, info=None, warn=None: costs)
+    assert planner.plan_batch_sizes(BalanceConfig(), 2, 64, lambda: costs[0]) == [62, 2]

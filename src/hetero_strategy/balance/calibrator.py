@@ -46,7 +46,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from hetero_strategy.balance.shares import split_batch, split_batch_timed
+from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
 from hetero_strategy.config import CalibrationConfig
 
 __all__ = ["Calibrator"]
@@ -142,7 +142,8 @@ class Calibrator:
         speed = [current[k] / (median[k] - fixed[k]) for k in range(n)]
         # Target in whole samples with every rank >= 1 (a continuous target below 1 would pin a
         # rank at its floor and block every move).
-        new = self._move_toward(split_batch_timed(self.global_batch, speed, fixed))
+        new = self._move_toward(split_batch_timed(self.global_batch, speed, fixed,
+                                                  min_per_rank=least_share(self.global_batch, n)))
         return None if self._blocked(new) else new
 
     def _move_toward(self, target: Sequence[float]) -> list[int]:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.probe import StepCost
-from hetero_strategy.balance.shares import split_batch, split_batch_timed
+from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
 from hetero_strategy.cluster.cost import effective_link, exchange_seconds, step_seconds
 from hetero_strategy.cluster.model import ModelCost
 from hetero_strategy.cluster.spec import PlanCluster, RankDevice
@@ -178,7 +178,7 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         sizes = split_batch(global_batch, [1.0] * w)
     else:
         sizes = split_batch_timed(global_batch, [c.samples_per_s for c in costs],
-                                  [c.fixed_s + x for c, x in zip(costs, codec)])
+                                  [c.fixed_s + x for c, x in zip(costs, codec)], min_per_rank=least_share(global_batch, w))
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, codec))
     density, rank = candidate.density or 0.01, candidate.rank or 4
     link = effective_link(cluster.topology) if w > 1 else None

@@ -4,7 +4,7 @@
 entry, torch's PowerSGD matmuls on random matrices). A training step pays more: DDP copies every
 gradient into its buckets and back, and the hook adds its own passes (PowerSGD's error feedback,
 its per-tensor copies and the rank-1 tensors it leaves dense; Top-K's residual and its marker).
-On one CPU core PowerSGD's hook measured about 4x its stand-in. The planner (balance/plan.py)
+On one CPU core PowerSGD's hook on ResNet-18 measured about 2x its stand-in. The planner (balance/plan.py)
 needs the step's figure, so the profile times it: the model's step under DDP with the hook, minus
 the same step under ``no_sync()`` (no bucket, no hook), on a group of this rank alone, so that
 no link is in the figure (the cost model adds the exchange).

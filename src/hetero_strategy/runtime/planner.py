@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
-from hetero_strategy.balance import HeteroBatchSampler, capacity, split_batch, split_batch_timed
+from hetero_strategy.balance import HeteroBatchSampler, capacity, least_share, split_batch, split_batch_timed
 from hetero_strategy.balance.memory import MemoryCost, memory_limit_bytes
 from hetero_strategy.balance.online import OnlineBalancer
 from hetero_strategy.balance.probe import ProbeExchange, StepCost
@@ -180,7 +180,8 @@ def plan_batch_sizes(cfg: BalanceConfig, world_size: int, global_batch: int, pro
         return split_batch(global_batch, capacity(compute, bandwidth, cfg.alpha, cfg.beta))
     if equal:
         return split_batch(global_batch, [1.0] * world_size)
-    return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs])
+    return split_batch_timed(global_batch, [c.samples_per_s for c in costs], [c.fixed_s for c in costs],
+                             min_per_rank=least_share(global_batch, world_size))
 
 
 def _speeds(costs: list[StepCost], batch: float) -> str:
