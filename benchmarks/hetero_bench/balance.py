@@ -66,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
     # NOTE: wide, and leaning toward the fast ranks: the first round's plan is one noisy probe, and on
     # 1.0 / 0.57 of a core the static runs' own plans reached 2.3 x (plan - equal) (issue 30)
-    parser.add_argument("--sweep-points", default="0.5,1.0,1.5,2.0,2.5,3.0",
-                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.5,1.0,...,3.0)")
+    parser.add_argument("--sweep-points", default="0.5,1.0,1.5,2.0,2.5",
+                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.5,1.0,1.5,2.0,2.5)")
     parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
     parser.add_argument("--cal-steps", type=count(2), default=50, help="steps of the calibrated run (from equal shares)")
     parser.add_argument("--measure", type=count(1), default=10, help="figures use the last N steps of each run")

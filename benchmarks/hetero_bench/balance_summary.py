@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from hetero_strategy.balance.shares import split_batch
+from hetero_strategy.balance.shares import least_share, split_batch
 
 __all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "spread", "summarise", "sweep_splits"]
 
@@ -35,13 +35,13 @@ def sweep_splits(planned: Sequence[int], alphas: Sequence[float]) -> list[list[i
 
     With 2 ranks this line is every split there is; with more it varies how far the plan leans
     toward the fast ranks, which is what a wrong speed estimate gets wrong. In increasing alpha;
-    duplicates are dropped.
+    duplicates are dropped; a rank keeps at least :func:`~hetero_strategy.balance.least_share` samples.
     """
     g, n = sum(planned), len(planned)
     out: list[list[int]] = []
     for a in sorted(alphas):
         target = [max(1e-9, g / n + a * (b - g / n)) for b in planned]
-        sizes = split_batch(g, target)
+        sizes = split_batch(g, target, min_per_rank=least_share(g, n))  # as the runtime's floor
         if sizes not in out:
             out.append(sizes)
     return out
