@@ -29,13 +29,15 @@ import torch
 
 from hetero_strategy.balance.probe import StepCost, fit_step_cost
 from hetero_strategy.cluster.model import model_builder, model_loss
+from hetero_strategy.hooks.auto import CANDIDATES, Candidate
 from hetero_strategy.hooks.timing import hook_seconds
 
 __all__ = ["HOOK_LABELS", "measure_model_step", "repeat_batch", "varied"]
 
-#: the codecs whose hook the profile times as DDP runs it (:func:`~hetero_strategy.hooks.timing.hook_seconds`)
-HOOK_LABELS = ("dense", "fp16", "powersgd rank 8", "powersgd rank 4", "powersgd rank 2", "powersgd rank 1",
-               "topk_allreduce density 0.05", "topk_allreduce density 0.01", "topk density 0.05", "topk density 0.01")
+#: the codecs whose hook the profile times as DDP runs it (:func:`~hetero_strategy.hooks.timing.hook_seconds`):
+#: every ``compression="auto"`` candidate, and the all-gather Top-K at each of its densities
+HOOK_LABELS = tuple([c.label for c in CANDIDATES] +
+                    [Candidate("topk", density=c.density).label for c in CANDIDATES if c.codec == "topk_allreduce"])
 
 
 def repeat_batch(batch: Any, size: int) -> Any:

@@ -170,7 +170,7 @@ def _half_ratio(cluster: PlanCluster) -> float:
 
 
 def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate: Candidate, even: bool,
-            buckets: list, step_factor: float = 1.0) -> MethodPlan:
+            buckets: list, caps: list[int | None], step_factor: float = 1.0) -> MethodPlan:
     w = cluster.world
     costs = _costs(cluster, model)
     codec = [_codec_seconds(candidate, r, model, cluster.efficiency) for r in cluster.ranks]
@@ -192,7 +192,7 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
     step = step_seconds(compute, comm, cluster.overlap, tail_s=comm if one_bucket else exchange(buckets[-1:]))
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     framing = sum(framing_of(t) for t in cluster.tiers) / w
-    passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, memory_caps(cluster, model))]
+    passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, caps)]
     return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, sent * framing, step_factor,
                       passes)
 
@@ -203,7 +203,7 @@ def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: st
     PowerSGD at ``rank``) with equal batches, or the hetero split (``even=False``)."""
     return _method(cluster, model, global_batch, Candidate(codec, density if "topk" in codec else None,
                                                              rank if codec == "powersgd" else None),
-                   even, buckets_of(model.shapes))
+                   even, buckets_of(model.shapes), memory_caps(cluster, model))
 
 
 def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> dict[str, MethodPlan]:
@@ -212,12 +212,12 @@ def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> d
     Raises:
         ConfigError: a rank that cannot hold the model (:func:`memory_caps`).
     """
-    memory_caps(cluster, model)  # NOTE: refuse before modelling time
+    caps = memory_caps(cluster, model)  # NOTE: first: a model no rank holds is refused before modelling time
     buckets = buckets_of(model.shapes)
-    out = {"ddp": _method(cluster, model, global_batch, Candidate("dense"), True, buckets),
-           "ddp_powersgd": _method(cluster, model, global_batch, Candidate("powersgd", rank=4), True, buckets,
+    out = {"ddp": _method(cluster, model, global_batch, Candidate("dense"), True, buckets, caps),
+           "ddp_powersgd": _method(cluster, model, global_batch, Candidate("powersgd", rank=4), True, buckets, caps,
                                    STEP_FACTORS["powersgd rank 4"]),
-           "hetero": _method(cluster, model, global_batch, Candidate("dense"), False, buckets)}
+           "hetero": _method(cluster, model, global_batch, Candidate("dense"), False, buckets, caps)}
     if cluster.world > 1:
         # NOTE: compute_s=0, as a run's compression="auto" decides (build_comm_hook passes no compute):
         # this predicts the codec a run gets, not the one that would minimise steps x step time
@@ -225,7 +225,7 @@ def plan_methods(cluster: PlanCluster, model: ModelCost, global_batch: int) -> d
         c = Candidate(d.codec, d.density, d.rank)
     else:
         c = Candidate("dense")
-    out["hetero_auto"] = _method(cluster, model, global_batch, c, False, buckets, STEP_FACTORS[c.label])
+    out["hetero_auto"] = _method(cluster, model, global_batch, c, False, buckets, caps, STEP_FACTORS[c.label])
     return out
 
 
