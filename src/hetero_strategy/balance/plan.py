@@ -22,7 +22,9 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.probe import StepCost
@@ -48,6 +50,8 @@ CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "topk": 40.0, "fp16": 12.0}
 #: Bytes per parameter a DDP rank holds whatever its batch: fp32 weights, gradients, DDP's bucket
 #: copy of them and SGD's momentum (the recipes' optimizer; Adam's two moments would add 4 more).
 STATIC_BYTES_PER_PARAMETER = 16.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,16 +83,24 @@ def memory_caps(cluster: PlanCluster, model: ModelCost, margin: float | None = N
         ConfigError: a rank whose device cannot hold the model with even one sample.
     """
     margin = BalanceConfig().memory_margin if margin is None else margin
-    caps = []
-    for k, r in enumerate(cluster.ranks):
+
+    def cap(r: RankDevice) -> tuple[int | None, MemoryCost]:
         cost = MemoryCost(STATIC_BYTES_PER_PARAMETER * model.parameters, model.activation_bytes_per_sample,
                           r.memory_bytes)
-        cap = cost.cap(margin)
-        if cap == 0:
+        return cost.cap(margin), cost
+
+    caps = _per_rank(cluster, cap)
+    for k, (r, (c, cost)) in enumerate(zip(cluster.ranks, caps)):
+        if c == 0:
             raise ConfigError(f"rank {k} ({r.card}, {r.memory_bytes / 2**30:.1f} GiB) cannot hold model={model.name!r}: "
                               f"{cost.bytes(1) / 2**30:.1f} GiB for one sample; plan a smaller model or shard it (FSDP2)")
-        caps.append(cap)
-    return caps
+    return [c for c, _ in caps]
+
+
+def _per_rank(cluster: PlanCluster, fn: Callable[[RankDevice], T]) -> list[T]:
+    """``fn`` of every rank, computed once per distinct device (a 1024-rank --scale replicates a few)."""
+    seen = {r: fn(r) for r in set(cluster.ranks)}
+    return [seen[r] for r in cluster.ranks]
 
 
 def _timed(r: RankDevice, model: ModelCost) -> bool:
@@ -97,8 +109,8 @@ def _timed(r: RankDevice, model: ModelCost) -> bool:
 
 def _costs(cluster: PlanCluster, model: ModelCost) -> list[StepCost]:
     """Each rank's step: as a profile timed it on this model, else ``efficiency`` x its TFLOP/s."""
-    return [StepCost(r.model_step[1], r.model_step[2]) if _timed(r, model) else
-            StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s) for r in cluster.ranks]
+    return _per_rank(cluster, lambda r: StepCost(r.model_step[1], r.model_step[2]) if _timed(r, model) else
+                     StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s))
 
 
 def _efficiency(r: RankDevice, model: ModelCost, default: float) -> float:
@@ -173,7 +185,7 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
             buckets: list, caps: list[int | None], step_factor: float = 1.0) -> MethodPlan:
     w = cluster.world
     costs = _costs(cluster, model)
-    codec = [_codec_seconds(candidate, r, model, cluster.efficiency) for r in cluster.ranks]
+    codec = _per_rank(cluster, lambda r: _codec_seconds(candidate, r, model, cluster.efficiency))
     if even:
         sizes = split_batch(global_batch, [1.0] * w)
     else:

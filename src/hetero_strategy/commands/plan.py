@@ -130,13 +130,13 @@ def _scale_table(sc: dict[str, Any]) -> Any:
 
 
 def _chart(result: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import (
+        Figure,  # NOTE: not pyplot: no GUI backend to import, nothing global to close
+    )
 
     sc = result["scale"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
     for name, row in sc["methods"].items():
         ax1.plot(sc["worlds"], row["samples_per_s"], marker="o", label=_LABELS[name])
         ax2.plot(sc["worlds"], [b / 1e6 for b in row["bytes_per_rank"]], marker="o", label=_LABELS[name])
@@ -150,4 +150,3 @@ def _chart(result: dict[str, Any], path: str) -> None:
     fig.suptitle(f"{result['model']['name']}: the cluster's mix replicated, {sc['worlds'][0]}..{sc['worlds'][-1]} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
