@@ -130,9 +130,8 @@ def _scale_table(sc: dict[str, Any]) -> Any:
 
 
 def _chart(result: dict[str, Any], path: str) -> None:
-    from matplotlib.figure import (
-        Figure,  # NOTE: not pyplot: no GUI backend to import, nothing global to close
-    )
+    # NOTE: a bare Figure, not pyplot: no GUI backend to import, nothing global to close
+    from matplotlib.figure import Figure
 
     sc = result["scale"]
     fig = Figure(figsize=(11, 4.2))
