@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 from hetero_bench.balance_metrics import round_figures
-from hetero_bench.balance_summary import summarise, sweep_splits
+from hetero_bench.balance_summary import summarise, sweep_anchor, sweep_splits
 
 _SOLO = {"solo_samples_per_s": [400.0, 200.0], "t_ar_s": 0.1}
 
@@ -38,6 +38,16 @@ def test_sweep_splits_lie_on_the_line_through_the_plan():
     assert sweep_splits([10, 10, 10], [0.5, 1.0, 1.5]) == [[10, 10, 10]]  # a balanced plan: one split
     four = sweep_splits([100, 60, 50, 46], [1.2])
     assert sum(four[0]) == 256 and min(four[0]) >= 1
+
+
+def test_sweep_anchor_is_the_plan_leaning_furthest_from_equal():
+    # round 0 of the 1.0 / 0.57 cluster: the static probe [76, 52], the calibrated run [93, 35]
+    assert sweep_anchor([[76, 52], [93, 35]]) == [93, 35]
+    assert sweep_anchor([[30, 98], [70, 58]]) == [30, 98]  # leaning the other way counts as far
+    assert sweep_anchor([[64, 64]]) == [64, 64]
+    # the default points about [93, 35] bracket the best split measured then (about [97, 31])
+    fast = [s[0] for s in sweep_splits(sweep_anchor([[76, 52], [93, 35]]), [0.5, 0.75, 1.0, 1.25, 1.5, 1.8])]
+    assert fast[0] < 97 < fast[-1] and fast == sorted(fast)
 
 
 def test_medians_spread_best_split_and_goals():

@@ -4,7 +4,7 @@ One run, alternating: each round launches (on the same emulated cluster) the sol
 then each training of ``--trainings`` (default: plain Lightning ``"ddp"``, ``"hetero"`` with the
 static probe and ``"hetero"`` with online calibration from equal shares); odd rounds run them in
 reverse order, so drift in the machine's load does not favour one of them. ``--sweep`` adds fixed
-splits around the first round's static plan (:func:`~hetero_bench.balance_summary.sweep_splits`),
+splits around the first round's plans (:func:`~hetero_bench.balance_summary.sweep_anchor`),
 run in every round: the best of them is the best split this machine achieves. Figures are medians
 over rounds with their spread (definitions in :mod:`hetero_bench.balance_metrics`).
 Workload: torchvision ResNet-18 (or ``--model resnet18_l3``, without layer4) on sklearn digits
@@ -43,6 +43,7 @@ from hetero_bench.balance_summary import (
     TRAININGS,
     goals,
     summarise,
+    sweep_anchor,
     sweep_splits,
 )
 from hetero_strategy.commands.flags import add_cluster_flags, cluster_args, count, number, output_file
@@ -64,12 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
                         help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
-    # NOTE: wide, and leaning toward the fast ranks: the first round's plan is one noisy probe, and on
-    # 1.0 / 0.57 of a core the static runs' own plans reached 2.3 x (plan - equal) (issue 30)
-    parser.add_argument("--sweep-points", default="0.5,1.0,1.5,2.0,2.5",
-                        help="the sweep's splits: equal + a * (plan - equal) for each a (default 0.5,1.0,1.5,2.0,2.5)")
+    # NOTE: around the first round's plan that leans most (static or calibrated: sweep_anchor), and wide
+    # on the far side: one noisy probe planned [76, 52] where later rounds and the calibrated run went
+    # to [93, 35]..[97, 31] on 1.0 / 0.57 of a core, and a 5-point sweep about it never reached the best
+    parser.add_argument("--sweep-points", default="0.5,0.75,1.0,1.25,1.5,1.8",
+                        help="the sweep's splits: equal + a * (plan - equal) for each a, the plan being the "
+                             "first round's static or calibrated one, whichever leans more (default "
+                             "0.5,0.75,1.0,1.25,1.5,1.8)")
     parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
-    parser.add_argument("--cal-steps", type=count(2), default=50, help="steps of the calibrated run (from equal shares)")
+    # NOTE: from equal shares a move is at most max_change (15%) per decision: [64, 64] reaches [94, 34]
+    # in 4 decisions; 50 steps left the last one inside the measured window
+    parser.add_argument("--cal-steps", type=count(2), default=90, help="steps of the calibrated run (from equal shares)")
     parser.add_argument("--measure", type=count(1), default=10, help="figures use the last N steps of each run")
     parser.add_argument("--recalibrate-every", type=count(1), default=10, help="calibrator period in the bench")
     parser.add_argument("--rounds", type=count(1), default=5, help="alternating rounds (default 5)")
@@ -149,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
                 for j, (modes, sizes) in enumerate(jobs):
                     got = _launch(cluster, modes, sizes, args, out / f"job{j}", console)
                     raw.update(got if sizes is None else {f"split{splits.index(sizes)}": got["split"]})
-                if args.sweep and not splits:  # round 0: the sweep is centred on its static plan
-                    splits = sweep_splits(_plan(raw["hetero"]), alphas)
+                if args.sweep and not splits:  # round 0: the sweep is laid on its plans
+                    splits = sweep_splits(sweep_anchor([_plan(raw[m]) for m in ("hetero", "hetero_cal") if m in raw]),
+                                          alphas)
                     raw.update({f"split{j}": _launch(cluster, ["split"], s, args, out / f"split{j}", console)["split"]
                                 for j, s in enumerate(splits)})
                 rounds.append(_round(raw, trainings, splits, args))

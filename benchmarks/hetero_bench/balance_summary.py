@@ -18,7 +18,7 @@ from typing import Any
 
 from hetero_strategy.balance.shares import least_share, split_batch
 
-__all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "spread", "summarise", "sweep_splits"]
+__all__ = ["FRAMEWORKS", "MODELS", "TRAININGS", "goals", "spread", "summarise", "sweep_anchor", "sweep_splits"]
 
 # What the worker can train (besides "solo" and "split"), and its models; here, not in the worker,
 # because the worker imports Lightning and the command line must not.
@@ -45,6 +45,13 @@ def sweep_splits(planned: Sequence[int], alphas: Sequence[float]) -> list[list[i
         if sizes not in out:
             out.append(sizes)
     return out
+
+
+def sweep_anchor(plans: Sequence[Sequence[int]]) -> list[int]:
+    """The plan that leans furthest from the equal split (sum of squared differences): the sweep's
+    alpha 1, so a sweep about it also reaches a plan that leans less."""
+    g, n = sum(plans[0]), len(plans[0])
+    return list(max(plans, key=lambda p: sum((b - g / n) ** 2 for b in p)))
 
 
 def spread(values: list[float]) -> dict[str, float]:
