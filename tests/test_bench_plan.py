@@ -122,3 +122,18 @@ def test_profile_refuses_a_model_it_cannot_import_before_any_probe(tmp_path):
     code, text = _cli(["profile", "--model", "nosuch_module_x:build", "--json", str(tmp_path / "p.json")])
     assert code == 2 and "model='nosuch_module_x:build' is invalid: cannot import it" in text, text
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_plans_split_reaches_the_hetero_runs_and_the_probe_runs_without_one():
+    # bench plan runs hetero and hetero_codec at the planner's split: the worker's --plan-sizes
+    import argparse
+
+    from hetero_bench.balance_workload import hetero_options
+
+    args = argparse.Namespace(overlap_comm="on", steps=12, measure=6, sizes=None,
+                              plan_sizes=["hetero=52,12", "hetero_codec=49,15"])
+    assert hetero_options("hetero", args, 2)["batch_sizes"] == [52, 12]
+    codec = hetero_options("hetero_codec", args, 2)
+    assert codec["batch_sizes"] == [49, 15] and codec["compression"] == "auto"
+    assert "batch_sizes" not in hetero_options("hetero_tiered", args, 2)  # not planned: its own probe
+    assert "batch_sizes" not in hetero_options("hetero", argparse.Namespace(overlap_comm="on", plan_sizes=None), 2)

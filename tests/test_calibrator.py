@@ -308,3 +308,24 @@ def test_a_contradicted_verdict_does_not_freeze_later_moves():
             moves_after.append(step)
     assert moves_after and moves_after[0] <= 100, cal.decisions
     assert cal.sizes[0] < 70  # the equal-time split is about [59, 197]
+
+
+@pytest.mark.parametrize(("slower", "undone"), [(1.0125, False), (1.3, True)])
+def test_a_move_measured_slower_within_the_steps_noise_is_kept(slower, undone):
+    # Steps vary +-15% around their plan's time (walls x 0.85, 1.0, 1.15, 1.0, ...). The model's first
+    # move from [64, 64] is right, but its window's median came out 1.25% slower than equal shares':
+    # within the steps' noise, so it is kept and the next move goes on. A plan 30% slower is undone.
+    cfg = _cfg(cold_start_steps=5, recalibrate_every=10, window=20)
+    cal = Calibrator(cfg, [64, 64])
+    pattern = [0.85, 1.0, 1.15, 1.0]
+    visits = []
+    for step in range(45):
+        times = [b / s for b, s in zip(cal.sizes, [339.0, 180.0])]
+        base = 0.4 if cal.sizes == [64, 64] else 0.4 * slower
+        cal.observe(step, times, cal.sizes, base * pattern[step % 4])
+        visits.append(tuple(cal.sizes))
+    first = visits[14]
+    assert first[0] > 64  # the model's move toward the fast rank
+    assert (visits[-1] == (64, 64)) is undone
+    if not undone:
+        assert visits[-1][0] > first[0]

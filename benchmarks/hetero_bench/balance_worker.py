@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=FRAMEWORKS, default="lightning")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--sizes", default=None, help="split mode: the per-rank batch sizes, e.g. 180,76")
+    p.add_argument("--plan-sizes", action="append", default=None, metavar="MODE=SIZES",
+                   help="run MODE (hetero, hetero_codec, ...) at these per-rank batch sizes instead of its "
+                        "probe's, e.g. hetero=52,12 (bench plan: the planner's split); repeatable")
     p.add_argument("--model", choices=MODELS, default="resnet18")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--cal-steps", type=int, default=60, help="steps of hetero_cal / hetero_auto")

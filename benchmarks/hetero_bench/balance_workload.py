@@ -36,6 +36,9 @@ def bench_model(model: str = "resnet18") -> torch.nn.Module:
 def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str, Any]:
     """The flat options of a hetero mode: ``HeteroStrategy(**o)`` or ``HeteroConfig.from_flat(**o)``."""
     opts: dict[str, Any] = {"overlap_comm": args.overlap_comm == "on"}
+    planned = dict(entry.split("=", 1) for entry in getattr(args, "plan_sizes", None) or [])
+    if mode in planned:  # bench plan: the split `hetero-strategy plan` gave this method, not the probe's
+        opts["batch_sizes"] = [int(b) for b in planned[mode].split(",")]
     if mode in ("hetero_tiered", "hetero_codec"):
         # The measured window (the last --measure steps) holds compressed steps only: the dense
         # warm-up ends where it starts (at least 2 steps, as PowerSGD's start_powerSGD_iter), and

@@ -13,6 +13,12 @@ with ``hetero-strategy plan``'s code from that profile alone, and (3) measures t
 the benchmarks' own workers (``balance_worker --framework ddp``, ``compression_worker steptime``),
 in alternating order over ``--rounds``. Figures and errors: :mod:`.plan_summary`.
 
+``hetero`` and ``hetero_auto`` run at the split the plan gives them (``batch_sizes=``, as a user
+applies ``plan``'s answer), so their error is the step-time model's; how near the runtime's own
+start-up probe lands to a good split is ``bench balance``'s question (it measured splits from
+[41, 23] to [56, 8] for the plan's [52, 12] here). ``hetero_auto``'s codec is still the one the
+run's ``compression="auto"`` picks.
+
 Example::
 
     flock /tmp/hetero_cpu.lock hetero-strategy bench plan --json benchmarks/results/plan.json
@@ -52,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=output_file, default=str(RESULTS / "plan.json"), help="result JSON (PNG beside it)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--batch", type=count(2), default=32, help="mean per-rank batch (default 32)")
-    parser.add_argument("--rounds", type=count(1), default=2,
-                        help="alternating rounds of the balance configurations (default 2); the codec one runs "
+    parser.add_argument("--rounds", type=count(1), default=3,
+                        help="alternating rounds of the balance configurations (default 3); the codec one runs "
                              "4 x this many rounds, methods alternating in blocks of 3 steps (the mean of the last 2)")
     parser.add_argument("--steps", type=count(4), default=12, help="training steps per method and round")
     parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
@@ -92,17 +98,19 @@ def _predict(profile: Path, config: dict[str, Any], world: int, batch: int) -> d
 
 
 def _measure_balance(cluster: Any, config: dict[str, Any], args: argparse.Namespace, out: Path,
-                     console: Any) -> dict[str, dict[str, list]]:
+                     console: Any, planned: dict[str, dict[str, Any]]) -> dict[str, dict[str, list]]:
     from hetero_bench.plan_summary import balance_round
 
     modes = list(_BALANCE.values())
+    at_plan = [f"{_BALANCE[m]}={','.join(map(str, planned[m]['batch_sizes']))}" for m in ("hetero", "hetero_auto")]
     per: dict[str, dict[str, list]] = {m: {"step_s": [], "bytes_per_rank": [], "batch_sizes": [], "codec": []}
                                        for m in _BALANCE}
     for i in range(args.rounds):
         order = modes if i % 2 == 0 else modes[::-1]  # drift in the machine's load favours no method
         cmd = [*worker("balance_worker"), "--framework", "ddp", "--mode", ",".join(order), "--count-bytes",
                "--out", str(out / f"round{i}"), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--measure", str(args.measure), "--model", config["model"]]
+               "--measure", str(args.measure), "--model", config["model"],
+               *(a for sizes in at_plan for a in ("--plan-sizes", sizes))]
         raw = run_job(cluster, cmd, order, out / f"round{i}", args.timeout * len(order), console, f"round {i + 1}")
         got = balance_round(raw, args.measure)
         for method, mode in _BALANCE.items():
@@ -136,7 +144,8 @@ def _measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any
             tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
         profile = _profile(cluster, config["spec"], args, Path(tmp), console)
         if config["worker"] == "balance":
-            measured = _measure_balance(cluster, config, args, Path(tmp), console)
+            planned = _predict(profile, config, len(config["compute"]), args.batch)
+            measured = _measure_balance(cluster, config, args, Path(tmp), console, planned)
         else:
             measured = _measure_codecs(cluster, args, Path(tmp), console)
         return {"profile": json.loads(profile.read_text()), "measured_rounds": measured,
@@ -192,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
+                         "hetero_split": "the plan's (batch_sizes=); hetero_auto's codec: the run's compression=auto",
                          "statistics": "step: median over rounds of each round's median step (codecs: of the "
                                        "mean of the last 2 steps of each 3-step block, methods alternating); spread [min, max]; error = predicted/measured - 1"})
     path = Path(args.json)

@@ -20,8 +20,10 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 
 The model predicts compute only; a step also pays communication and contention it cannot see. So
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
-with the fastest plan measured so far. A plan more than 1% slower is undone: one move (within
-+-max_change) back toward the fastest plan. Until the rejection expires, no move heads toward the
+with the fastest plan measured so far. A plan slower beyond both plans' step-to-step noise
+(:func:`~hetero_strategy.balance.timing.equal_within_noise`, each band at least 1%) is undone:
+one move (within +-max_change) back toward the fastest plan. (With a plain 1% a cluster whose
+steps vary by 10% undid the first, right move from equal shares in 2 of 5 runs and stayed there.) Until the rejection expires, no move heads toward the
 undone plan and ends nearer to it than to the fastest one (so a plan a sample beside it is not
 tried instead); moves in other directions stay free. A rejection lasts ``_FORGET_AFTER``
 decisions, twice that each time the same plan is undone again (at most 8 times); a measurement
@@ -47,6 +49,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
+from hetero_strategy.balance.timing import equal_within_noise, relative_spread
 from hetero_strategy.config import CalibrationConfig
 
 __all__ = ["Calibrator"]
@@ -56,7 +59,8 @@ __all__ = ["Calibrator"]
 _DEADBAND = 0.02
 # Fewest steps with the current sizes that a decision needs (the window may be longer).
 _MIN_ROWS = 5
-# A plan whose median step is this much slower than the fastest measured plan is undone.
+# A plan whose median step is slower than the fastest measured plan's beyond both plans' noise
+# bands, each at least this wide, is undone.
 _WORSE = 0.01
 # Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted);
 # doubled each time the same plan is undone again, up to 2 ** _MAX_BACKOFF times.
@@ -86,7 +90,7 @@ class Calibrator:
         # (per-rank compute times, per-rank sizes, the step's wall time or nan)
         self.rows: deque[tuple[tuple[float, ...], tuple[int, ...], float]] = deque(maxlen=config.window)
         self.decisions: list[tuple[int, list[int]]] = []  # (step, new sizes), for logs and tests
-        self.measured: dict[tuple[int, ...], float] = {}  # plan -> its median step time
+        self.measured: dict[tuple[int, ...], tuple[float, float]] = {}  # plan -> (median step time, its spread)
         # (undone plan, the fastest plan it lost to, decision count when the rejection expires)
         self.rejected: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
         self._decision_count = 0
@@ -177,11 +181,12 @@ class Calibrator:
         walls = [w for _, b, w in self.rows if b == current and not math.isnan(w)]
         if len(walls) < _MIN_ROWS:
             return None
-        self.measured[current] = statistics.median(walls)
-        best = min(self.measured, key=self.measured.__getitem__)
+        self.measured[current] = (statistics.median(walls), relative_spread(walls))
+        best = min(self.measured, key=lambda p: self.measured[p][0])
         # bounded: only the plans a later decision can still compare against are kept
         self.measured = {p: t for p, t in self.measured.items() if p in (best, current)}
-        if best == current or self.measured[current] <= self.measured[best] * (1.0 + _WORSE):
+        (mine, my_spread), (fastest, its_spread) = self.measured[current], self.measured[best]
+        if best == current or equal_within_noise([mine, fastest], [my_spread, its_spread], floor=_WORSE):
             return None
         # a fresh measurement overrides an older verdict against the plan now found faster
         self.rejected = [r for r in self.rejected if r[0] != best]
@@ -204,7 +209,7 @@ class Calibrator:
     def state_dict(self) -> dict:
         return {"sizes": list(self.sizes), "rows": [[list(t), list(b), w] for t, b, w in self.rows],
                 "decisions": [[s, list(d)] for s, d in self.decisions],
-                "measured": [[list(p), t] for p, t in self.measured.items()],
+                "measured": [[list(p), t, spread] for p, (t, spread) in self.measured.items()],
                 "rejected": [[list(p), list(b), e] for p, b, e in self.rejected],
                 "decision_count": self._decision_count, "strikes": [[list(p), k] for p, k in self._strikes.items()]}
 
@@ -218,7 +223,9 @@ class Calibrator:
         self.rows.extend((tuple(float(x) for x in row[0]), tuple(int(x) for x in row[1]),
                           float(row[2]) if len(row) > 2 else math.nan) for row in state["rows"])
         self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]
-        self.measured = {tuple(int(x) for x in p): float(t) for p, t in state.get("measured", [])}
+        # (a state from before the spread was kept compares its plans with the least band)
+        self.measured = {tuple(int(x) for x in m[0]): (float(m[1]), float(m[2]) if len(m) > 2 else 0.0)
+                         for m in state.get("measured", [])}
         # (entries of another shape, from an earlier format, are dropped: they only expire early)
         self.rejected = [(tuple(int(x) for x in r[0]), tuple(int(x) for x in r[1]), int(r[2]))
                          for r in state.get("rejected", []) if len(r) == 3]
