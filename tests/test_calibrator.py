@@ -329,3 +329,9 @@ def test_a_move_measured_slower_within_the_steps_noise_is_kept(slower, undone):
     assert (visits[-1] == (64, 64)) is undone
     if not undone:
         assert visits[-1][0] > first[0]
+
+
+def test_a_state_saved_before_the_spread_was_kept_still_loads():
+    cal = Calibrator(_cfg(), [64, 64])
+    cal.load_state_dict({"sizes": [73, 55], "rows": [], "measured": [[[64, 64], 0.4], [[73, 55], 0.5]]})
+    assert cal.measured == {(64, 64): (0.4, 0.0), (73, 55): (0.5, 0.0)}

@@ -22,10 +22,11 @@ The model predicts compute only; a step also pays communication and contention i
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
 with the fastest plan measured so far. A plan slower beyond both plans' step-to-step noise
 (:func:`~hetero_strategy.balance.timing.equal_within_noise`, each band at least 1%) is undone:
-one move (within +-max_change) back toward the fastest plan. (With a plain 1% a cluster whose
-steps vary by 10% undid the first, right move from equal shares in 2 of 5 runs and stayed there.) Until the rejection expires, no move heads toward the
-undone plan and ends nearer to it than to the fastest one (so a plan a sample beside it is not
-tried instead); moves in other directions stay free. A rejection lasts ``_FORGET_AFTER``
+one move (within +-max_change) back toward the fastest plan. (With a plain 1%, steps that vary
+by 10% undid the first, right move from equal shares in 2 of 5 runs, which then stayed there.)
+Until the rejection expires, no move heads toward the undone plan and ends nearer to it than to
+the fastest one (so a plan a sample beside it is not tried instead); moves in other directions
+stay free. A rejection lasts ``_FORGET_AFTER``
 decisions, twice that each time the same plan is undone again (at most 8 times); a measurement
 that contradicts an older one (the fastest plan is the one undone before) replaces it. A run that
 starts from the probe's plan therefore never settles on a measurably slower one.
