@@ -88,3 +88,29 @@ def test_windows_hold_enough_steps_and_noise_buys_more_rounds(monkeypatch):
     (timed,) = measure_steps([step], steps=3, warmup=1, min_seconds=0.02, target_spread=0.05)
     assert len(calls) == 1 + 3 * 20
     assert timed.seconds == pytest.approx(0.002) and timed.spread == pytest.approx(0.0, abs=1e-9)
+
+
+def _arrive(rank: int, world: int) -> tuple[int, float]:
+    import time
+
+    from dist_utils import init_gloo
+
+    from hetero_strategy.balance.timing import busy_until_all_arrive
+
+    init_gloo(rank, world)
+    if rank == 1:
+        time.sleep(0.5)  # rank 1's timed work lasts half a second longer
+    started = time.monotonic()
+    count = busy_until_all_arrive(lambda: time.sleep(0.01))
+    return count, time.monotonic() - started
+
+
+def test_a_rank_done_early_keeps_stepping_until_the_last_arrives():
+    from dist_utils import run_distributed
+
+    from hetero_strategy.balance.timing import busy_until_all_arrive
+
+    (early, waited), (late, _) = run_distributed(_arrive, 2, timeout=60)
+    assert waited >= 0.4 and early >= 20  # rank 0 stepped (10 ms a step) through rank 1's extra 0.5 s
+    assert late <= 3  # rank 1 arrived last: it is let go at once
+    assert busy_until_all_arrive(lambda: 1 / 0) == 0  # no process group: no step runs

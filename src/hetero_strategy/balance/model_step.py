@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from hetero_strategy.balance.probe import StepCost, fit_step_cost
+from hetero_strategy.balance.timing import busy_until_all_arrive
 from hetero_strategy.cluster.model import model_builder, model_loss
 from hetero_strategy.hooks.auto import CANDIDATES, Candidate
 from hetero_strategy.hooks.timing import hook_seconds
@@ -55,7 +56,8 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     """This rank's step cost on ``spec`` at ``batch`` and ``batch // 2`` samples.
 
     Each figure is the median over ``steps`` windows of consecutive steps lasting ``window_s`` or
-    more, the two sizes interleaved. NOTE: not single steps: under a CPU quota (a cgroup's, or a
+    more, the two sizes interleaved, every rank of the job timing at once (collective when a
+    process group is up). NOTE: not single steps: under a CPU quota (a cgroup's, or a
     shared host's) a step runs in bursts of the scheduler's period (100 ms), so one step's time is
     off by up to a period, and the fixed part, the difference of two such times, by twice that.
     """
@@ -78,10 +80,16 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
 
     reps = [max(1, math.ceil(window_s / max(run(x, 1), run(x, 1), 1e-6))) for x in batches]  # 2 warm-ups
     windows: list[list[float]] = [[] for _ in sizes]
+    # NOTE: every rank times its windows while the others step too, as in training: the ranks start
+    # together, and one that is done keeps stepping until the last is (busy_until_all_arrive)
+    busy_until_all_arrive(lambda: run(batches[-1], 1))
     spent[:] = [0.0, 0.0]
     for _ in range(steps):
         for k, x in enumerate(batches):
             windows[k].append(run(x, reps[k]))
+    done = [*spent]
+    busy_until_all_arrive(lambda: run(batches[-1], 1))
+    spent[:] = done
     cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
         StepCost(sizes[0] / statistics.median(windows[0]))
     share = min(1.0, spent[0] / spent[1]) if spent[1] > 0 and spent[0] > 0 else 1.0

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from hetero_strategy.dist import all_gather_floats
 
-__all__ = ["ProbeError", "StepTiming", "equal_within_noise", "measure_step_seconds", "measure_steps",
-           "relative_spread"]
+__all__ = ["ProbeError", "StepTiming", "busy_until_all_arrive", "equal_within_noise", "measure_step_seconds",
+           "measure_steps", "relative_spread"]
 
 _MAX_REPS = 10_000
 """At most this many steps per window (a step function that does nothing must still end)."""
@@ -148,6 +148,25 @@ def measure_steps(step_fns: Sequence[Callable[[Callable[[], None]], None]], step
         if max(r[0] for r in rows) <= target_spread or max(r[1] for r in rows) >= max_seconds:
             break
     return [StepTiming(statistics.median(t), relative_spread(t)) for t in times]
+
+
+def busy_until_all_arrive(step: Callable[[], None], limit_s: float = 300.0) -> int:
+    """Run ``step`` (untimed) until every rank has called this; returns how many steps ran.
+
+    A rank whose timed work ends early keeps its core, caches and memory bus as busy as training
+    would while the slower ranks finish theirs: timed beside idle peers a rank measures faster than
+    it trains (the emulated clusters share two cores' caches; two profiles of one 0.57-core rank
+    read 167 and 264 samples/s). Collective; bounded by ``limit_s`` (a peer that never arrives is
+    then waited for by the barrier's own timeout)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return 0
+    arrived = dist.barrier(async_op=True)
+    deadline, count = time.monotonic() + limit_s, 0
+    while not arrived.is_completed() and time.monotonic() < deadline:
+        step()
+        count += 1
+    arrived.wait()
+    return count
 
 
 def _agree(failure: list[Exception], values: list[float]) -> list[list[float]]:
