@@ -11,7 +11,9 @@ as the probe's affine :class:`~hetero_strategy.balance.probe.StepCost`. Per meth
   work counted in each rank's fixed cost (as the probe counts it).
 
 Every time comes from the cost model (:mod:`hetero_strategy.cluster.cost`): the slowest rank's
-compute and codec work, plus the exchange backward does not hide.
+compute and codec work, plus the exchange backward does not hide. On a gloo cluster of CPU ranks
+the all-reduce's host work (its measured time less the link's share) runs on each rank's own core
+(:func:`_on_core`): in every rank's compute, and in the hetero split, not hidden.
 
 Example::
 
@@ -185,13 +187,6 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
             buckets: list, caps: list[int | None], step_factor: float = 1.0) -> MethodPlan:
     w = cluster.world
     costs = _costs(cluster, model)
-    codec = _per_rank(cluster, lambda r: _codec_seconds(candidate, r, model, cluster.efficiency))
-    if even:
-        sizes = split_batch(global_batch, [1.0] * w)
-    else:
-        sizes = split_batch_timed(global_batch, [c.samples_per_s for c in costs],
-                                  [c.fixed_s + x for c, x in zip(costs, codec)], min_per_rank=least_share(global_batch, w))
-    compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, codec))
     density, rank = candidate.density or 0.01, candidate.rank or 4
     link = effective_link(cluster.topology) if w > 1 else None
 
@@ -199,14 +194,44 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
+    on_core = _on_core(cluster, comm)
+    work = [x + y for x, y in zip(_per_rank(cluster, lambda r: _codec_seconds(candidate, r, model, cluster.efficiency)),
+                                  on_core)]
+    if even:
+        sizes = split_batch(global_batch, [1.0] * w)
+    else:
+        sizes = split_batch_timed(global_batch, [c.samples_per_s for c in costs],
+                                  [c.fixed_s + x for c, x in zip(costs, work)], min_per_rank=least_share(global_batch, w))
+    compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, work))
+    # what is left of the exchange is the link's: it may hide under backward, its last bucket's may not
+    wire = 1.0 - (_host_share(cluster) if any(on_core) else 0.0)
     # NOTE: torch's PowerSGD runs in one bucket on gloo (it aborts with several): all of it follows backward
     one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
-    step = step_seconds(compute, comm, cluster.overlap, tail_s=comm if one_bucket else exchange(buckets[-1:]))
+    step = step_seconds(compute, wire * comm, cluster.overlap,
+                        tail_s=wire * (comm if one_bucket else exchange(buckets[-1:])))
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     framing = sum(framing_of(t) for t in cluster.tiers) / w
     passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, caps)]
     return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, sent * framing, step_factor,
                       passes)
+
+
+def _host_share(cluster: PlanCluster) -> float:
+    """The share of a measured all-reduce's time that is not its link's (gloo's reduction and copies
+    on the host: 1 - ``wire_share``)."""
+    return 1.0 - cluster.wire_share if cluster.wire_share is not None else 0.0
+
+
+def _on_core(cluster: PlanCluster, comm_s: float) -> list[float]:
+    """Each rank's seconds of the exchange's host work on its own core: on a gloo cluster of CPU
+    ranks (every ``cpu_share`` known), the all-reduce's reduction and copies run on the core backward
+    needs, so backward cannot hide them; the measured all-reduce paid them at the slowest share, a
+    rank with a larger share pays them faster (x slowest / its share). Zero elsewhere."""
+    shares = [r.cpu_share for r in cluster.ranks]
+    if cluster.backend != "gloo" or cluster.world < 2 or any(s is None for s in shares):
+        return [0.0] * cluster.world
+    host, slowest = _host_share(cluster) * comm_s, min(shares)
+    return [host * slowest / s for s in shares]
 
 
 def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: str, even: bool = True,

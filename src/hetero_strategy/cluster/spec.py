@@ -66,6 +66,9 @@ class RankDevice:
     """(candidate label, seconds) of each codec's hook under DDP on that model (what a step pays)."""
     memory_bytes: float | None = None
     """The device's memory (the table's, or what a profile read), None where unknown."""
+    cpu_share: float | None = None
+    """A CPU rank's share of a core, as its profile's timed windows got it (``model_step.cpu_share``:
+    under a quota, 0.57 of a core reads ~0.57); None for an accelerator or where not measured."""
 
 
 @dataclass(frozen=True)
@@ -195,8 +198,11 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
         timed = None
     held = (measured.get("device") or {}).get("memory_bytes")
     held = float(held) if _number(held) and held > 0 else (card.memory_gb * 2**30 if card else None)
+    on_cpu = (measured.get("device") or {}).get("kind") == "cpu"
+    share = step.get("cpu_share") if on_cpu and timed is not None else None
     return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed,
-                      _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held)
+                      _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held,
+                      float(share) if _number(share) and share > 0 else None)
 
 
 def _seconds(step: Any, key: str, timed: Any) -> tuple[tuple[str, float], ...]:
