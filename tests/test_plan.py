@@ -127,6 +127,27 @@ def test_plan_command_writes_the_json_with_stable_keys(tmp_path):
     assert len(result["memory_caps"]) == 16 and all(isinstance(c, int) and c > 0 for c in result["memory_caps"])
 
 
+def test_the_shell_command_leaves_at_once_with_its_output_whole_and_its_exit_status(tmp_path):
+    # From the shell `plan` skips the interpreter's teardown (cli._leave): what it printed and wrote
+    # must all be there, and a refusal must still exit 2; in Python, main() returns (the test above).
+    import sys
+
+    from dist_utils import launch_env, run_command
+
+    script = str(Path(sys.executable).parent / "hetero-strategy")
+    example = Path(__file__).resolve().parents[1] / "docs" / "clusters" / "two_nodes.yaml"
+    env = launch_env(PYTHONPATH=str(Path(__file__).parent))  # test_plan:tiny_mlp importable
+    out, png = tmp_path / "plan.json", tmp_path / "scale.png"
+    code, text = run_command([script, "plan", str(example), "--model", "test_plan:tiny_mlp", "--json", str(out),
+                              "--scale", "--chart", str(png)], env=env, timeout=120)
+    assert code == 0, text
+    assert json.loads(out.read_text())["scale"]["worlds"][-1] == 1024 and png.stat().st_size > 10_000
+    # the last lines printed reached the pipe (rich may fold the path onto a line of its own)
+    assert text.count("plan: wrote") == 2 and text.rstrip().endswith("scale.png"), text[-500:]
+    code, text = run_command([script, "plan", str(example), "--model", "nosuch_module_x:build"], env=env, timeout=120)
+    assert code == 2 and "cannot import it" in text, text
+
+
 def _profile(tmp_path, schema: str = "hetero_strategy.cluster_profile/1") -> str:
     ranks = [{"rank": i, "compute_score": s, "bandwidth_gbit_s": 10.0, "tier": "eth10g", "training_dtype": "fp32",
               "matmul_tflops": {"fp32": s}, "memory_gbps": 10.0, "device": {"name": "cpu"}} for i, s in enumerate((1.0, 0.5))]

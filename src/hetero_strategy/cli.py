@@ -29,13 +29,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         if command is None or module.NAME == command:
             module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _fast_exit=getattr(module, "FAST_EXIT", False))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from hetero_strategy.commands.signals import stopping_on_signals
 
+    from_shell = argv is None
     try:
         with stopping_on_signals():  # every command's ranks and emulated cluster go on SIGTERM/INT/HUP
             argv = sys.argv[1:] if argv is None else list(argv)
@@ -46,10 +47,25 @@ def main(argv: list[str] | None = None) -> int:
             if not getattr(args, "_run", None):
                 parser.print_help()
                 return 0
-            return int(args._run(args) or 0)
+            code = int(args._run(args) or 0)
+            if from_shell and args._fast_exit:
+                _leave(code)
+            return code
     except KeyboardInterrupt:
         print("hetero-strategy: interrupted; every rank it started was stopped", file=sys.stderr)
         return 130
+
+
+def _leave(code: int) -> None:
+    """End the process now, its output flushed and its files closed: a command that sets
+    ``FAST_EXIT`` (it starts no rank, thread or process that must be waited for) skips the
+    interpreter's teardown of torch and torchvision, 0.9 s of ``plan``'s 4.9 on this machine.
+    Only from the shell: a caller of :func:`main` in Python gets the code back."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

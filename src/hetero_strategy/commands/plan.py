@@ -20,7 +20,10 @@ NAME = "plan"
 HELP = ("Predict step time, samples/s, batch split and bytes per rank of DDP, hetero and hetero with the auto "
         "codec on a cluster described by a YAML file or profiles, from a model built on the meta device.")
 
-__all__ = ["HELP", "NAME", "add_arguments", "run"]
+__all__ = ["FAST_EXIT", "HELP", "NAME", "add_arguments", "run"]
+
+FAST_EXIT = True
+"""From the shell, end without the interpreter's teardown (``cli._leave``): nothing here runs on."""
 
 _LABELS = {"ddp": "DDP", "ddp_powersgd": "DDP + PowerSGD", "hetero": "hetero", "hetero_auto": "hetero + auto codec"}
 
