@@ -52,7 +52,8 @@ def main() -> int:
             for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
                 times[name].append(_once(runs[name], Path(tmp)))
     med = {k: statistics.median(v) for k, v in times.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip()
     result = {"benchmark": "plan_speed", "command": " ".join(sys.argv), "commit": commit, "rounds": args.rounds, "seconds": times,
               "median_s": med, "spread_s": {k: [min(v), max(v)] for k, v in times.items()},
               "candidate_over_baseline": med["candidate"] / med["baseline"], "goal_s": 5.0,
