@@ -52,9 +52,12 @@ def main() -> int:
             for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
                 times[name].append(_once(runs[name], Path(tmp)))
     med = {k: statistics.median(v) for k, v in times.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=False).stdout.strip()
-    result = {"benchmark": "plan_speed", "command": " ".join(sys.argv), "commit": commit, "rounds": args.rounds, "seconds": times,
+    def commit(where: Path) -> str:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    result = {"benchmark": "plan_speed", "command": " ".join(sys.argv), "commit": commit(ROOT),
+              "baseline_commit": commit(args.base), "rounds": args.rounds, "seconds": times,
               "median_s": med, "spread_s": {k: [min(v), max(v)] for k, v in times.items()},
               "candidate_over_baseline": med["candidate"] / med["baseline"], "goal_s": 5.0,
               "met": med["candidate"] < 5.0}

@@ -137,13 +137,17 @@ def test_the_plans_split_reaches_the_hetero_runs_and_the_probe_runs_without_one(
     assert codec["batch_sizes"] == [49, 15] and codec["compression"] == "auto"
     assert "batch_sizes" not in hetero_options("hetero_tiered", args, 2)  # not planned: its own probe
     assert "batch_sizes" not in hetero_options("hetero", argparse.Namespace(overlap_comm="on", plan_sizes=None), 2)
+    for bad in (["hetero52,12"], ["hetero_cal=52,12"], ["hetero=52,x"], ["hetero=0,64"]):
+        with pytest.raises(ValueError, match="--plan-sizes"):
+            hetero_options("hetero", argparse.Namespace(overlap_comm="on", plan_sizes=bad), 2)
 
 
 def test_on_cpu_ranks_the_exchanges_host_work_runs_on_their_own_cores(tmp_path):
-    """gloo on CPU ranks whose profiles read their share of a core (1.0 and 0.5): the part of the
-    all-reduce that is not its link's (0.2 here) is reduction and copying on each rank's core, where
-    backward cannot hide it; the 0.5-core rank pays it as measured, the full core at half of that;
-    the hetero split counts it."""
+    """gloo on CPU ranks whose profiles read their share of a core (0.8 and 0.4): the part of the
+    all-reduce's bandwidth term that is not its link's (0.2 here) is reduction and copying on each
+    rank's core, where backward cannot hide it; the 0.4-core rank pays it as measured, the 0.8 one
+    at half of that; the hetero split counts it. fp16 reduces as many entries (the same host work)
+    and halves the link's part only."""
     from hetero_strategy.balance.plan import predict
     from hetero_strategy.cluster.model import describe_model
     from hetero_strategy.cluster.profile import SCHEMA
@@ -154,7 +158,7 @@ def test_on_cpu_ranks_the_exchanges_host_work_runs_on_their_own_cores(tmp_path):
               "matmul_tflops": {"fp32": 1.0}, "memory_gbps": 10.0, "compute_score": 1.0,
               "bandwidth_gbit_s": 1.0, "tier": "eth1g", "latency_us": {"p50_us": 100.0},
               "model_step": {"model": spec, "samples_per_s": 100.0 / (k + 1), "fixed_s": 0.01, "optimizer_s": 0.0,
-                             "cpu_share": 1.0 / (k + 1), "hook_s": {"dense": 0.0}}}
+                             "cpu_share": 0.8 / (k + 1), "hook_s": {"dense": 0.0, "fp16": 0.0}}}
              for k in range(2)]
     doc = {"schema": SCHEMA, "backend": "gloo", "ranks": ranks,
            "allreduce": [{"bytes": 1 << 10, "time_s": 1e-3, "algbw_gbit_s": 0.008, "busbw_gbit_s": 0.008},
@@ -162,20 +166,29 @@ def test_on_cpu_ranks_the_exchanges_host_work_runs_on_their_own_cores(tmp_path):
     path = tmp_path / "node.json"
     path.write_text(json.dumps(doc))
     cluster = read_cluster([str(path)])
-    assert [r.cpu_share for r in cluster.ranks] == [1.0, 0.5]
+    assert [r.cpu_share for r in cluster.ranks] == [0.8, 0.4]
     model = describe_model(spec)
-    comm = 4 * model.parameters / 2500 + 1e-3  # a slow link (2.5 kB/s of payload) for a tiny model: ~0.5 s
-    host = 0.2 * comm  # 1 - wire_share (0.8): the reduction's share of the measured all-reduce
+    band = 4 * model.parameters / 2500  # a slow link (2.5 kB/s of payload) for a tiny model: ~0.5 s
+    comm = band + 1e-3  # + the smallest all-reduce's mean: latency, the link's
+    host = 0.2 * band  # 1 - wire_share (0.8) of the bandwidth term: the reduction's share
     got = predict(cluster, model, 20, "dense")
-    # the 0.5-core rank: 0.01 + 10 / 50 + all of the host work; one bucket, so the link's part follows
+    # the 0.4-core rank: 0.01 + 10 / 50 + all of the host work; one bucket, so the link's part follows
     assert got.compute_s == pytest.approx(0.01 + 10 / 50 + host)
-    assert got.step_s == pytest.approx(got.compute_s + 0.8 * comm)
+    assert got.step_s == pytest.approx(got.compute_s + comm - host)
+    # fp16: 0.6 of fp32's time (the link's 0.8 halved); the same entries reduced on the cores
+    half = predict(cluster, model, 20, "fp16")
+    assert half.comm_s == pytest.approx(0.6 * band + 1e-3)
+    assert half.compute_s == pytest.approx(0.01 + 10 / 50 + host)
+    assert half.step_s == pytest.approx(half.compute_s + 0.4 * band + 1e-3)
     # equal finishing times with the host work in each rank's fixed cost (rank 0 pays half of it):
     # 0.01 + host / 2 + b0 / 100 = 0.01 + host + b1 / 50, b0 + b1 = 30
     b1 = (30 / 100 - host / 2) / (1 / 100 + 1 / 50)
     assert round(b1) == 8  # 10 without the host work
     assert predict(cluster, model, 30, "dense", even=False).batch_sizes == [22, 8]
-    # a profile without the share (or an accelerator) keeps the exchange's whole time on the link
+    # an accelerator, or a rank reading a whole core (it may have more), keeps the exchange on the link
     accel = [dict(r, device={"kind": "cuda", "name": "gpu"}) for r in ranks]
     path.write_text(json.dumps(dict(doc, ranks=accel)))
+    assert predict(read_cluster([str(path)]), model, 20, "dense").compute_s == pytest.approx(0.01 + 10 / 50)
+    whole = [dict(r, model_step=dict(r["model_step"], cpu_share=1.0)) for r in ranks]
+    path.write_text(json.dumps(dict(doc, ranks=whole)))
     assert predict(read_cluster([str(path)]), model, 20, "dense").compute_s == pytest.approx(0.01 + 10 / 50)

@@ -123,7 +123,7 @@ def test_wheel_and_sdist_carry_the_package_and_nothing_else(dist):
     stray = [n for n in names if re.search(r"(^|/)(tests?|recipes|docs|benchmarks|hetero_bench)/|(^|/)test_|\.md$", n)]
     assert not stray, stray
     with zipfile.ZipFile(wheel) as z:
-        assert re.search(r"^hetero-strategy = hetero_strategy\.cli:main$",
+        assert re.search(r"^hetero-strategy = hetero_strategy\.cli:console$",
                          z.read(f"{info}/entry_points.txt").decode(), re.MULTILINE)
         metadata = z.read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
@@ -132,7 +132,7 @@ def test_wheel_and_sdist_carry_the_package_and_nothing_else(dist):
     with tarfile.open(sdist) as tar:
         members = [m.split("/", 1)[1] for m in tar.getnames() if "/" in m]
         pyproject = tar.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/pyproject.toml").read().decode()
-    assert 'hetero-strategy = "hetero_strategy.cli:main"' in pyproject  # the entry point the wheel is built with
+    assert 'hetero-strategy = "hetero_strategy.cli:console"' in pyproject  # the entry point the wheel is built with
     assert "src/hetero_strategy/py.typed" in members and "triton_kernels/dispatch.py" in members
     assert "LICENSE" in members and "pyproject.toml" in members
     assert not [m for m in members if m.split("/")[0] in ("tests", "recipes", "docs", "benchmarks")]

@@ -36,9 +36,9 @@ def bench_model(model: str = "resnet18") -> torch.nn.Module:
 def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str, Any]:
     """The flat options of a hetero mode: ``HeteroStrategy(**o)`` or ``HeteroConfig.from_flat(**o)``."""
     opts: dict[str, Any] = {"overlap_comm": args.overlap_comm == "on"}
-    planned = dict(entry.split("=", 1) for entry in getattr(args, "plan_sizes", None) or [])
+    planned = _planned(getattr(args, "plan_sizes", None) or [])
     if mode in planned:  # bench plan: the split `hetero-strategy plan` gave this method, not the probe's
-        opts["batch_sizes"] = [int(b) for b in planned[mode].split(",")]
+        opts["batch_sizes"] = planned[mode]
     if mode in ("hetero_tiered", "hetero_codec"):
         # The measured window (the last --measure steps) holds compressed steps only: the dense
         # warm-up ends where it starts (at least 2 steps, as PowerSGD's start_powerSGD_iter), and
@@ -54,6 +54,23 @@ def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str,
         opts.update(calibrate=True, cold_start_steps=args.cold_start, recalibrate_every=args.recalibrate_every,
                     window=args.window)
     return opts
+
+
+def _planned(entries: list[str]) -> dict[str, list[int]]:
+    """``--plan-sizes MODE=B0,B1,...`` entries by mode; refused unless MODE is a static hetero mode
+    (the calibrated ones start from their own split) and every size a whole number >= 1."""
+    out = {}
+    for entry in entries:
+        mode, _, sizes = entry.partition("=")
+        try:
+            values = [int(b) for b in sizes.split(",")]
+        except ValueError:
+            values = []
+        if mode not in ("hetero", "hetero_codec", "hetero_tiered") or not values or min(values) < 1:
+            raise ValueError(f"--plan-sizes={entry!r} is invalid: give MODE=B0,B1,... with MODE one of hetero, "
+                             "hetero_codec, hetero_tiered and each size >= 1, e.g. hetero=52,12")
+        out[mode] = values
+    return out
 
 
 def powersgd_state() -> Any:

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "console", "main"]
 
 COMMANDS: list[str] = ["demo", "emulate", "profile", "bench", "config", "check", "plan"]
 
@@ -33,10 +33,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, fast_exit: bool = False) -> int:
+    """Run one command; its exit status. ``fast_exit`` (the console script's): a command that sets
+    ``FAST_EXIT`` ends the process itself when done (:func:`_leave`)."""
     from hetero_strategy.commands.signals import stopping_on_signals
 
-    from_shell = argv is None
     try:
         with stopping_on_signals():  # every command's ranks and emulated cluster go on SIGTERM/INT/HUP
             argv = sys.argv[1:] if argv is None else list(argv)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.print_help()
                 return 0
             code = int(args._run(args) or 0)
-            if from_shell and args._fast_exit:
+            if fast_exit and args._fast_exit:
                 _leave(code)
             return code
     except KeyboardInterrupt:
@@ -60,12 +61,18 @@ def _leave(code: int) -> None:
     """End the process now, its output flushed and its files closed: a command that sets
     ``FAST_EXIT`` (it starts no rank, thread or process that must be waited for) skips the
     interpreter's teardown of torch and torchvision, 0.9 s of ``plan``'s 4.9 on this machine.
-    Only from the shell: a caller of :func:`main` in Python gets the code back."""
+    Only from the console script (:func:`console`): ``main()`` in Python, ``python -m`` and
+    profilers get the code back, with their exit handlers."""
     import os
 
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def console() -> None:
+    """The ``hetero-strategy`` console script."""
+    sys.exit(main(sys.argv[1:], fast_exit=True))
 
 
 if __name__ == "__main__":

@@ -20,16 +20,17 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 
 The model predicts compute only; a step also pays communication and contention it cannot see. So
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
-with the fastest plan measured so far. A plan slower beyond both plans' step-to-step noise
-(:func:`~hetero_strategy.balance.timing.equal_within_noise`, each band at least 1%) is undone:
-one move (within +-max_change) back toward the fastest plan. (With a plain 1%, steps that vary
-by 10% undid the first, right move from equal shares in 2 of 5 runs, which then stayed there.)
+with the fastest plan measured so far. A plan slower beyond the noise of both medians
+(:func:`~hetero_strategy.balance.timing.equal_within_noise` on their standard errors, from half
+the steps' interquartile range over sqrt(steps); each band at least 1%) is undone: one move
+(within +-max_change) back toward the fastest plan. (With a plain 1%, steps that vary by 10% undid
+the first, right move from equal shares in 2 of 5 runs, which then stayed there.)
 Until the rejection expires, no move heads toward the undone plan and ends nearer to it than to
 the fastest one (so a plan a sample beside it is not tried instead); moves in other directions
 stay free. A rejection lasts ``_FORGET_AFTER``
 decisions, twice that each time the same plan is undone again (at most 8 times); a measurement
 that contradicts an older one (the fastest plan is the one undone before) replaces it. A run that
-starts from the probe's plan therefore never settles on a measurably slower one.
+starts from the probe's plan therefore does not settle on one slower beyond that noise.
 
 Example::
 
@@ -182,7 +183,8 @@ class Calibrator:
         walls = [w for _, b, w in self.rows if b == current and not math.isnan(w)]
         if len(walls) < _MIN_ROWS:
             return None
-        self.measured[current] = (statistics.median(walls), relative_spread(walls))
+        # the median's noise, not one step's: about 1.86 x half the IQR / sqrt(n) for normal noise
+        self.measured[current] = (statistics.median(walls), 1.86 * relative_spread(walls) / math.sqrt(len(walls)))
         best = min(self.measured, key=lambda p: self.measured[p][0])
         # bounded: only the plans a later decision can still compare against are kept
         self.measured = {p: t for p, t in self.measured.items() if p in (best, current)}

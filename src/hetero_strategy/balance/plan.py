@@ -31,10 +31,16 @@ from typing import TypeVar
 from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
-from hetero_strategy.cluster.cost import effective_link, exchange_seconds, step_seconds
+from hetero_strategy.cluster.cost import (
+    Link,
+    collective_seconds,
+    effective_link,
+    exchange_seconds,
+    step_seconds,
+)
 from hetero_strategy.cluster.model import ModelCost
 from hetero_strategy.cluster.spec import PlanCluster, RankDevice
-from hetero_strategy.cluster.wire import bytes_per_rank, framing_of
+from hetero_strategy.cluster.wire import bytes_per_rank, collectives, framing_of
 from hetero_strategy.config import BalanceConfig, ConfigError
 from hetero_strategy.hooks.auto import STEP_FACTORS, AutoMeasurement, Candidate, buckets_of, choose
 
@@ -61,8 +67,11 @@ class MethodPlan:
     batch_sizes: list[int]
     codec: str
     compute_s: float
-    """The slowest rank's forward, backward and codec work."""
+    """The slowest rank's forward, backward and codec work, and on CPU ranks the exchange's host
+    work on its core (:func:`_on_core`)."""
     comm_s: float
+    """The whole exchange, that host work included (it is in ``compute_s`` too: the step is not
+    their sum)."""
     step_s: float
     samples_per_s: float
     bytes_per_rank: float
@@ -194,7 +203,7 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
-    on_core = _on_core(cluster, comm)
+    on_core = _on_core(cluster, _reduction_seconds(candidate, buckets, w, link, cluster))
     work = [x + y for x, y in zip(_per_rank(cluster, lambda r: _codec_seconds(candidate, r, model, cluster.efficiency)),
                                   on_core)]
     if even:
@@ -204,11 +213,11 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
                                   [c.fixed_s + x for c, x in zip(costs, work)], min_per_rank=least_share(global_batch, w))
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, work))
     # what is left of the exchange is the link's: it may hide under backward, its last bucket's may not
-    wire = 1.0 - (_host_share(cluster) if any(on_core) else 0.0)
+    host = max(on_core)  # the slowest share's: what the measured all-reduce paid
+    tail = exchange(buckets[-1:]) - (_reduction_seconds(candidate, buckets[-1:], w, link, cluster) if host else 0.0)
     # NOTE: torch's PowerSGD runs in one bucket on gloo (it aborts with several): all of it follows backward
     one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
-    step = step_seconds(compute, wire * comm, cluster.overlap,
-                        tail_s=wire * (comm if one_bucket else exchange(buckets[-1:])))
+    step = step_seconds(compute, comm - host, cluster.overlap, tail_s=comm - host if one_bucket else tail)
     sent = bytes_per_rank(candidate.codec, buckets, w, density=density, powersgd_rank=rank)
     framing = sum(framing_of(t) for t in cluster.tiers) / w
     passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, caps)]
@@ -216,22 +225,35 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
                       passes)
 
 
-def _host_share(cluster: PlanCluster) -> float:
-    """The share of a measured all-reduce's time that is not its link's (gloo's reduction and copies
-    on the host: 1 - ``wire_share``)."""
-    return 1.0 - cluster.wire_share if cluster.wire_share is not None else 0.0
+def _reduction_seconds(candidate: Candidate, buckets: list, world: int, link, cluster: PlanCluster) -> float:
+    """The host's share of the exchange's all-reduces: 1 - ``wire_share`` of their bandwidth term,
+    priced at 4 bytes per entry whatever the codec sends (gloo sums fp16 at fp32's pace:
+    :func:`_half_ratio`); latency and all-gathers (no reduction) are the link's. 0 without a
+    measured ``wire_share`` or a link."""
+    if cluster.wire_share is None or link is None:
+        return 0.0
+    bare, total = Link(link.bytes_per_s), 0.0
+    for shapes in buckets:
+        for kind, payload in collectives(candidate.codec, shapes, world, candidate.density or 0.01,
+                                         candidate.rank or 4):
+            if kind == "all_reduce":
+                total += collective_seconds(kind, payload * (2.0 if candidate.codec in ("fp16", "bf16") else 1.0),
+                                            world, bare)
+    return (1.0 - cluster.wire_share) * total
 
 
-def _on_core(cluster: PlanCluster, comm_s: float) -> list[float]:
-    """Each rank's seconds of the exchange's host work on its own core: on a gloo cluster of CPU
-    ranks (every ``cpu_share`` known), the all-reduce's reduction and copies run on the core backward
-    needs, so backward cannot hide them; the measured all-reduce paid them at the slowest share, a
-    rank with a larger share pays them faster (x slowest / its share). Zero elsewhere."""
+def _on_core(cluster: PlanCluster, host_s: float) -> list[float]:
+    """Each rank's seconds of the exchange's host work (``host_s``, as the measured all-reduce paid
+    it) on its own core: on a gloo cluster of CPU ranks of at most one core each (every
+    ``cpu_share`` known and below 1), gloo reduces and copies on the core backward needs, so
+    backward cannot hide it; the measured all-reduce paid it at the slowest share, a rank with a
+    larger share pays it faster (x slowest / its share). Zero elsewhere (a rank reading a whole core
+    may have more, where the reduction need not wait for backward)."""
     shares = [r.cpu_share for r in cluster.ranks]
-    if cluster.backend != "gloo" or cluster.world < 2 or any(s is None for s in shares):
+    if cluster.backend != "gloo" or cluster.world < 2 or any(s is None or not 0 < s < 1 for s in shares):
         return [0.0] * cluster.world
-    host, slowest = _host_share(cluster) * comm_s, min(shares)
-    return [host * slowest / s for s in shares]
+    slowest = min(shares)
+    return [host_s * slowest / s for s in shares]
 
 
 def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: str, even: bool = True,

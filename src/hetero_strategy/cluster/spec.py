@@ -275,9 +275,8 @@ def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     docs = [n.doc for n in nodes if n.doc is not None]
     shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
     wire = min(shares) if shares else None
-    # NOTE: CPUs too: bench plan measured about half of a CPU-bound 10 Gbit/s ring hidden under
-    # backward on one core per rank (the kernel's socket work runs in softirq, outside the rank's
-    # quota); an earlier rule that let only the link's share hide over-predicted it by 10-25%
+    # NOTE: CPUs too, for the link's part of the exchange; on CPU ranks of at most a core the host's
+    # part (the reduction) is counted on each rank's core instead (balance/plan.py _on_core)
     eff = settings.get("efficiency", 0.4)
     overlap = settings.get("overlap", 0.5)
     backend = settings.get("backend", "gloo" if any(d.get("backend") == "gloo" for d in docs) else "nccl")

@@ -23,7 +23,7 @@ HELP = ("Predict step time, samples/s, batch split and bytes per rank of DDP, he
 __all__ = ["FAST_EXIT", "HELP", "NAME", "add_arguments", "run"]
 
 FAST_EXIT = True
-"""From the shell, end without the interpreter's teardown (``cli._leave``): nothing here runs on."""
+"""From the console script, end without the interpreter's teardown (``cli._leave``): nothing here runs on."""
 
 _LABELS = {"ddp": "DDP", "ddp_powersgd": "DDP + PowerSGD", "hetero": "hetero", "hetero_auto": "hetero + auto codec"}
 
