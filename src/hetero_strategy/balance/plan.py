@@ -13,7 +13,7 @@ as the probe's affine :class:`~hetero_strategy.balance.probe.StepCost`. Per meth
 Every time comes from the cost model (:mod:`hetero_strategy.cluster.cost`): the slowest rank's
 compute and codec work, plus the exchange backward does not hide. On a gloo cluster of CPU ranks
 the all-reduce's host work (its measured time less the link's share) runs on each rank's own core
-(:func:`_on_core`): in every rank's compute, and in the hetero split, not hidden.
+(:func:`~hetero_strategy.balance.plan_ranks.on_core`): in every rank's compute, and in the hetero split, not hidden.
 
 Example::
 
@@ -24,23 +24,23 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
 
 from hetero_strategy.balance.memory import MemoryCost
-from hetero_strategy.balance.probe import StepCost
-from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
-from hetero_strategy.cluster.cost import (
-    Link,
-    collective_seconds,
-    effective_link,
-    exchange_seconds,
-    step_seconds,
+from hetero_strategy.balance.plan_ranks import (
+    CODEC_BYTES_PER_ENTRY,
+    codec_seconds,
+    half_ratio,
+    on_core,
+    per_rank,
+    reduction_seconds,
+    step_costs,
 )
+from hetero_strategy.balance.shares import least_share, split_batch, split_batch_timed
+from hetero_strategy.cluster.cost import effective_link, exchange_seconds, step_seconds
 from hetero_strategy.cluster.model import ModelCost
 from hetero_strategy.cluster.spec import PlanCluster, RankDevice
-from hetero_strategy.cluster.wire import bytes_per_rank, collectives, framing_of
+from hetero_strategy.cluster.wire import bytes_per_rank, framing_of
 from hetero_strategy.config import BalanceConfig, ConfigError
 from hetero_strategy.hooks.auto import STEP_FACTORS, AutoMeasurement, Candidate, buckets_of, choose
 
@@ -49,17 +49,9 @@ __all__ = ["CODEC_BYTES_PER_ENTRY", "METHODS", "STATIC_BYTES_PER_PARAMETER", "Me
 
 METHODS = ("ddp", "ddp_powersgd", "hetero", "hetero_auto")
 
-#: Memory traffic per gradient entry of the codecs' element-wise work, which memory bandwidth
-#: bounds: Top-K with error feedback reads the gradient and residual, writes the accumulator,
-#: reads it for the non-finite marker and the selection passes, and writes the residual (~10 x 4 B);
-#: the fp16 cast reads 4 B, writes 2, and back (12 B).
-CODEC_BYTES_PER_ENTRY = {"topk_allreduce": 40.0, "topk": 40.0, "fp16": 12.0}
-
 #: Bytes per parameter a DDP rank holds whatever its batch: fp32 weights, gradients, DDP's bucket
 #: copy of them and SGD's momentum (the recipes' optimizer; Adam's two moments would add 4 more).
 STATIC_BYTES_PER_PARAMETER = 16.0
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -68,7 +60,7 @@ class MethodPlan:
     codec: str
     compute_s: float
     """The slowest rank's forward, backward and codec work, and on CPU ranks the exchange's host
-    work on its core (:func:`_on_core`)."""
+    work on its core (:func:`~hetero_strategy.balance.plan_ranks.on_core`)."""
     comm_s: float
     """The whole exchange, that host work included (it is in ``compute_s`` too: the step is not
     their sum)."""
@@ -100,64 +92,12 @@ def memory_caps(cluster: PlanCluster, model: ModelCost, margin: float | None = N
                           r.memory_bytes)
         return cost.cap(margin), cost
 
-    caps = _per_rank(cluster, cap)
+    caps = per_rank(cluster, cap)
     for k, (r, (c, cost)) in enumerate(zip(cluster.ranks, caps)):
         if c == 0:
             raise ConfigError(f"rank {k} ({r.card}, {r.memory_bytes / 2**30:.1f} GiB) cannot hold model={model.name!r}: "
                               f"{cost.bytes(1) / 2**30:.1f} GiB for one sample; plan a smaller model or shard it (FSDP2)")
     return [c for c, _ in caps]
-
-
-def _per_rank(cluster: PlanCluster, fn: Callable[[RankDevice], T]) -> list[T]:
-    """``fn`` of every rank, computed once per distinct device (a 1024-rank --scale replicates a few)."""
-    seen = {r: fn(r) for r in set(cluster.ranks)}
-    return [seen[r] for r in cluster.ranks]
-
-
-def _timed(r: RankDevice, model: ModelCost) -> bool:
-    return r.model_step is not None and r.model_step[0] == model.name
-
-
-def _costs(cluster: PlanCluster, model: ModelCost) -> list[StepCost]:
-    """Each rank's step: as a profile timed it on this model, else ``efficiency`` x its TFLOP/s."""
-    return _per_rank(cluster, lambda r: StepCost(r.model_step[1], r.model_step[2]) if _timed(r, model) else
-                     StepCost(cluster.efficiency * r.tflops * 1e12 / model.flops_per_sample, r.fixed_s))
-
-
-def _efficiency(r: RankDevice, model: ModelCost, default: float) -> float:
-    """The share of its matmul rate a rank's step reaches: measured where a profile timed the model
-    (its FLOPs per second over the probe's matmul TFLOP/s), else the cluster's ``efficiency``."""
-    if _timed(r, model):
-        return min(1.0, r.model_step[1] * model.flops_per_sample / (r.tflops * 1e12))
-    return default
-
-
-def _codec_seconds(c: Candidate, r: RankDevice, model: ModelCost, efficiency: float, paid: bool = True) -> float:
-    """One rank's codec work per step: what a step pays for it (``paid``: the hook under DDP, as a
-    profile timed it), else what ``compression="auto"`` measures of it (its stand-ins, which it decides
-    from); where the profile did not time this model, bound by memory bandwidth or PowerSGD's matmuls."""
-    if _timed(r, model):
-        for table in ((r.hook_s, r.codec_s) if paid else (r.codec_s,)):
-            if c.label in dict(table):
-                return dict(table)[c.label]
-    if c.codec == "powersgd":
-        eff = _efficiency(r, model, efficiency)
-        return _powersgd_flops(model, c.rank or 4) / (eff * r.fp32_tflops * 1e12)
-    return CODEC_BYTES_PER_ENTRY.get(c.codec, 0.0) * model.parameters / (r.memory_gbps * 1e9)
-
-
-def _powersgd_flops(model: ModelCost, rank: int) -> float:
-    """M Q, M^T P and the error M - P Q^T on each matrix PowerSGD compresses: 6 x rows x cols x r."""
-    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
-
-    total = 0.0
-    for s in model.shapes:
-        rows = s[0] if s else 1
-        cols = math.prod(s) // max(rows, 1)
-        r = min(rank, rows, cols)
-        if _should_compress(rows, cols, r, 2)[0]:
-            total += 6.0 * rows * cols * r
-    return total
 
 
 def _measurement(cluster: PlanCluster, model: ModelCost) -> AutoMeasurement:
@@ -168,44 +108,34 @@ def _measurement(cluster: PlanCluster, model: ModelCost) -> AutoMeasurement:
     n, eff = max(model.parameters, 1), cluster.efficiency
 
     def slowest(c: Candidate) -> float:
-        return _slowest(cluster.ranks, lambda r: _codec_seconds(c, r, model, eff, paid=False))
+        return _slowest(cluster.ranks, lambda r: codec_seconds(c, r, model, eff, paid=False))
 
     return AutoMeasurement(
         link_bytes_per_s=link.bytes_per_s / factor, latency_s=link.latency_s * 2 * (w - 1),
         topk_s_per_entry={d: slowest(Candidate("topk_allreduce", density=d)) / n for d in (0.05, 0.01)},
         cast_s_per_entry=slowest(Candidate("fp16")) / n,
         powersgd_s={k: slowest(Candidate("powersgd", rank=k)) for k in (1, 2, 4, 8)},
-        backend=cluster.backend, fp16_time_ratio=_half_ratio(cluster))
+        backend=cluster.backend, fp16_time_ratio=half_ratio(cluster))
 
 
 def _slowest(ranks: tuple[RankDevice, ...], seconds) -> float:
     return max(seconds(r) for r in set(ranks))
 
 
-def _half_ratio(cluster: PlanCluster) -> float:
-    """An fp16 all-reduce's time over an fp32 one's of as many entries: half the bytes cross the
-    link, but gloo sums fp16 on the CPU at about fp32's speed; so 0.5 on NCCL, and on gloo 0.5 of
-    the share of the time the link takes (a profile's ``wire_share``) plus all of the rest."""
-    if cluster.backend == "nccl":
-        return 0.5
-    share = cluster.wire_share if cluster.wire_share is not None else 0.0
-    return 1.0 - 0.5 * share
-
-
 def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate: Candidate, even: bool,
             buckets: list, caps: list[int | None], step_factor: float = 1.0) -> MethodPlan:
     w = cluster.world
-    costs = _costs(cluster, model)
+    costs = step_costs(cluster, model)
     density, rank = candidate.density or 0.01, candidate.rank or 4
     link = effective_link(cluster.topology) if w > 1 else None
 
     def exchange(part: list) -> float:
-        return exchange_seconds(candidate.codec, part, w, link, density, rank, _half_ratio(cluster)) if w > 1 else 0.0
+        return exchange_seconds(candidate.codec, part, w, link, density, rank, half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
-    on_core = _on_core(cluster, _reduction_seconds(candidate, buckets, w, link, cluster))
-    work = [x + y for x, y in zip(_per_rank(cluster, lambda r: _codec_seconds(candidate, r, model, cluster.efficiency)),
-                                  on_core)]
+    host_work = on_core(cluster, reduction_seconds(candidate, buckets, w, link, cluster))
+    work = [x + y for x, y in zip(per_rank(cluster, lambda r: codec_seconds(candidate, r, model, cluster.efficiency)),
+                                  host_work)]
     if even:
         sizes = split_batch(global_batch, [1.0] * w)
     else:
@@ -213,8 +143,8 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
                                   [c.fixed_s + x for c, x in zip(costs, work)], min_per_rank=least_share(global_batch, w))
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, work))
     # what is left of the exchange is the link's: it may hide under backward, its last bucket's may not
-    host = max(on_core)  # the slowest share's: what the measured all-reduce paid
-    tail = exchange(buckets[-1:]) - (_reduction_seconds(candidate, buckets[-1:], w, link, cluster) if host else 0.0)
+    host = max(host_work)  # the slowest share's: what the measured all-reduce paid
+    tail = exchange(buckets[-1:]) - (reduction_seconds(candidate, buckets[-1:], w, link, cluster) if host else 0.0)
     # NOTE: torch's PowerSGD runs in one bucket on gloo (it aborts with several): all of it follows backward
     one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"
     step = step_seconds(compute, comm - host, cluster.overlap, tail_s=comm - host if one_bucket else tail)
@@ -223,37 +153,6 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
     passes = [1 if cap is None else max(1, math.ceil(b / cap)) for b, cap in zip(sizes, caps)]
     return MethodPlan(sizes, candidate.label, compute, comm, step, global_batch / step, sent, sent * framing, step_factor,
                       passes)
-
-
-def _reduction_seconds(candidate: Candidate, buckets: list, world: int, link, cluster: PlanCluster) -> float:
-    """The host's share of the exchange's all-reduces: 1 - ``wire_share`` of their bandwidth term,
-    priced at 4 bytes per entry whatever the codec sends (gloo sums fp16 at fp32's pace:
-    :func:`_half_ratio`); latency and all-gathers (no reduction) are the link's. 0 without a
-    measured ``wire_share`` or a link."""
-    if cluster.wire_share is None or link is None:
-        return 0.0
-    bare, total = Link(link.bytes_per_s), 0.0
-    for shapes in buckets:
-        for kind, payload in collectives(candidate.codec, shapes, world, candidate.density or 0.01,
-                                         candidate.rank or 4):
-            if kind == "all_reduce":
-                total += collective_seconds(kind, payload * (2.0 if candidate.codec in ("fp16", "bf16") else 1.0),
-                                            world, bare)
-    return (1.0 - cluster.wire_share) * total
-
-
-def _on_core(cluster: PlanCluster, host_s: float) -> list[float]:
-    """Each rank's seconds of the exchange's host work (``host_s``, as the measured all-reduce paid
-    it) on its own core: on a gloo cluster of CPU ranks of at most one core each (every
-    ``cpu_share`` known and below 1), gloo reduces and copies on the core backward needs, so
-    backward cannot hide it; the measured all-reduce paid it at the slowest share, a rank with a
-    larger share pays it faster (x slowest / its share). Zero elsewhere (a rank reading a whole core
-    may have more, where the reduction need not wait for backward)."""
-    shares = [r.cpu_share for r in cluster.ranks]
-    if cluster.backend != "gloo" or cluster.world < 2 or any(s is None or not 0 < s < 1 for s in shares):
-        return [0.0] * cluster.world
-    slowest = min(shares)
-    return [host_s * slowest / s for s in shares]
 
 
 def predict(cluster: PlanCluster, model: ModelCost, global_batch: int, codec: str, even: bool = True,

@@ -275,8 +275,7 @@ def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     docs = [n.doc for n in nodes if n.doc is not None]
     shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
     wire = min(shares) if shares else None
-    # NOTE: CPUs too, for the link's part of the exchange; on CPU ranks of at most a core the host's
-    # part (the reduction) is counted on each rank's core instead (balance/plan.py _on_core)
+    # NOTE: CPUs too, for the link's part; the host's part is on each CPU rank's core (plan_ranks.on_core)
     eff = settings.get("efficiency", 0.4)
     overlap = settings.get("overlap", 0.5)
     backend = settings.get("backend", "gloo" if any(d.get("backend") == "gloo" for d in docs) else "nccl")
