@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _once(src: Path, out: Path) -> float:
-    cmd = [str(Path(sys.executable).parent / "hetero-strategy"), "plan", str(ROOT / "docs" / "clusters" / "rack64.yaml"),
+    # the checkout's own console entry (cli.console where it has one, else cli.main), as its script would call it
+    entry = ("import sys; from hetero_strategy import cli; "
+             "sys.exit(cli.console() if hasattr(cli, 'console') else cli.main())")
+    cmd = [sys.executable, "-c", entry, "plan", str(ROOT / "docs" / "clusters" / "rack64.yaml"),
            "--model", "resnet50", "--scale", "--chart", str(out / "scale.png"), "--json", str(out / "plan.json")]
     env = dict(os.environ, PYTHONPATH=str(src))
     started = time.perf_counter()
