@@ -82,14 +82,15 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     windows: list[list[float]] = [[] for _ in sizes]
     # NOTE: every rank times its windows while the others step too, as in training: the ranks start
     # together, and one that is done keeps stepping until the last is (busy_until_all_arrive)
-    busy_until_all_arrive(lambda: run(batches[-1], 1))
+    def untimed() -> None:
+        model_loss(model, batches[-1]).backward()
+
+    busy_until_all_arrive(untimed)
     spent[:] = [0.0, 0.0]
     for _ in range(steps):
         for k, x in enumerate(batches):
             windows[k].append(run(x, reps[k]))
-    done = [*spent]
-    busy_until_all_arrive(lambda: run(batches[-1], 1))
-    spent[:] = done
+    busy_until_all_arrive(untimed)
     cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
         StepCost(sizes[0] / statistics.median(windows[0]))
     share = min(1.0, spent[0] / spent[1]) if spent[1] > 0 and spent[0] > 0 else 1.0
