@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_strategy.config import COMPRESSION_METHODS, CompressionConfig, HeteroConfig
+from hetero_strategy.dist.exit_guard import note_backward_context
 from hetero_strategy.hooks.auto_state import AutoState, auto_hook
 from hetero_strategy.hooks.baselines import (
     CastState,
@@ -94,5 +96,19 @@ def build_comm_hook(
     """
     cfg = config.compression
     if cfg.method == "auto":
-        return _auto(cfg, process_group, max_steps, model, announce)
-    return _BUILDERS[cfg.method](cfg, process_group, max_steps)
+        state, hook = _auto(cfg, process_group, max_steps, model, announce)
+    else:
+        state, hook = _BUILDERS[cfg.method](cfg, process_group, max_steps)
+    return state, _noting_backward_context(hook)
+
+
+def _noting_backward_context(hook: Callable) -> Callable:
+    """``hook`` keeping, first, the context its backward stashed: the process then waits at exit
+    until gloo has let go of it (dist/exit_guard.py: otherwise an abort at exit, torch 2.14)."""
+
+    @functools.wraps(hook)  # NOTE: DDP reads the name and the annotations
+    def noting(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+        note_backward_context()
+        return hook(state, bucket)
+
+    return noting

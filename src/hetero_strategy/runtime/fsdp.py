@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from hetero_strategy.config import ConfigError, HeteroConfig
+from hetero_strategy.dist.exit_guard import note_backward_context
 
 __all__ = ["ShardedReduction", "check_sharded_config", "fsdp_modules", "shard_model", "wrap_class_names"]
 
@@ -181,7 +182,10 @@ class ShardedReduction:
     def weigh(self, loss: Any) -> Any:
         """This rank's mean loss times b_r / G_t: the summed reduce-scatter then gives one process's gradient."""
         self.weighed = True
-        return loss * self.weight
+        weighed = loss * self.weight
+        if weighed.requires_grad:  # this backward's reduce-scatters hold its context (dist/exit_guard.py)
+            weighed.register_hook(lambda grad: note_backward_context())
+        return weighed
 
     def require_weighed(self, fix: str) -> None:
         """Before an optimizer step: refuse gradients from a loss that skipped :meth:`weigh` (they would

@@ -1,0 +1,61 @@
+"""Let gloo release the last backward's state before the interpreter finalizes (docs/design.md, exit).
+
+torch 2.14's ``backward()`` stashes a ``contextvars.Context`` in C++ thread-local state
+(pytorch#173568), so every collective launched during backward (DDP's bucket all-reduce, FSDP2's
+reduce-scatter) keeps a reference to it, which a gloo worker thread drops just after the work has
+run. If that comes after the main thread began finalizing, dropping it needs the GIL, the thread is
+ended under C++ code that may not unwind, and the process aborts: SIGABRT, "terminate called
+without an active exception", after a training that succeeded. On this machine a 2-rank gloo DDP
+job with a Python comm hook died so at exit in about half its runs.
+
+:func:`note_backward_context`, called from inside backward (the runtime's comm hook, the FSDP2
+loss), keeps the context that backward uses; an exit handler, run while the interpreter is still
+whole, waits (sleeping, so the GIL is free) until nothing but itself holds it: every work launched
+in the last backward is then gone. Bounded: after :data:`WAIT_S` it lets the exit go on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["WAIT_S", "note_backward_context", "wait_for_release"]
+
+WAIT_S = 3.0
+_KEY = "context"  # torch.autograd.graph._engine_run_backward's key
+_held: list[Any] = []  # the last backward's context, at most one
+_log = logging.getLogger(__name__)
+
+
+def note_backward_context() -> None:
+    """Keep the context of the backward running now (no-op outside backward or on a torch without it)."""
+    is_key = getattr(torch._C, "_is_key_in_tls", None)
+    if is_key is None or not is_key(_KEY):
+        return
+    context = torch._C._get_obj_in_tls(_KEY)
+    if _held and _held[0] is context:
+        return
+    if not _held:
+        atexit.register(wait_for_release)  # at most once per process: _held is never emptied but here
+    _held[:] = [context]
+
+
+def wait_for_release(timeout_s: float = WAIT_S) -> bool:
+    """Wait until no work holds the last noted context; True if none does (then or within ``timeout_s``)."""
+    if not _held:
+        return True
+    context = _held.pop()
+    atexit.unregister(wait_for_release)
+    deadline = time.monotonic() + timeout_s
+    # NOTE: 2 = the local name and getrefcount's own argument; each work still alive holds one more
+    while sys.getrefcount(context) > 2:
+        if time.monotonic() >= deadline:
+            _log.debug("a collective still holds the last backward's context after %.1f s; exiting", timeout_s)
+            return False
+        time.sleep(0.001)
+    return True
