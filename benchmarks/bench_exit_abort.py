@@ -3,7 +3,9 @@
 Each round launches the same job (a small model, the weighted comm hook from ``build_comm_hook``,
 ``destroy_process_group()`` at the end) twice under torchrun, once as shipped and once with the exit
 wait unregistered, and counts runs whose exit status is not 0 although every rank printed its
-final line (torch 2.14's abort at interpreter exit, dist/exit_guard.py).
+final line (torch 2.14's abort at interpreter exit, dist/exit_guard.py), and the ranks in which a
+gloo work still held the last backward's context when the exit handlers began (the race the
+guard's wait closes; it ends in an abort only when the work lets go during finalization).
 
     flock /tmp/hetero_cpu.lock .venv/bin/python benchmarks/bench_exit_abort.py --rounds 20 \\
         --json benchmarks/results/exit_abort.json
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 DONE = "trained, exiting"
+HELD = "a work still holds the last backward's context at exit"
 
 
 def worker(guard: bool) -> None:
@@ -48,6 +51,12 @@ def worker(guard: bool) -> None:
         optimizer.zero_grad()
     if not guard:
         atexit.unregister(exit_guard.wait_for_release)
+
+    def held_at_exit() -> None:  # runs before the guard's wait (atexit is last in, first out)
+        if exit_guard._held and sys.getrefcount(exit_guard._held[0]) > 2:
+            print(HELD, flush=True)
+
+    atexit.register(held_at_exit)
     print(DONE, flush=True)
     dist.destroy_process_group()
 
@@ -76,7 +85,8 @@ def launch(guard: bool, timeout: float = 120.0) -> dict:
         except ProcessLookupError:
             pass
         proc.wait()
-    return {"rc": proc.returncode, "trained": log.count(DONE) == 2, "sigabrt": "SIGABRT" in log}
+    return {"rc": proc.returncode, "trained": log.count(DONE) == 2, "sigabrt": "SIGABRT" in log,
+            "held": log.count(HELD)}
 
 
 def main() -> None:
@@ -96,7 +106,8 @@ def main() -> None:
     out = {"rounds": args.rounds, "torch": __import__("torch").__version__,
            "methods": {n: {"runs": len(r), "failed": sum(x["rc"] != 0 for x in r),
                            "aborted_after_training": sum(x["rc"] != 0 and x["trained"] and x["sigabrt"] for x in r),
-                           "untrained": sum(not x["trained"] for x in r)} for n, r in runs.items()}}
+                           "untrained": sum(not x["trained"] for x in r),
+                           "ranks_held_at_exit": sum(x["held"] for x in r)} for n, r in runs.items()}}
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
