@@ -95,4 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from hetero_strategy.dist.exit_guard import exit_now
+
+    exit_now(main())  # results written: no finalization to abort in (dist/exit_guard.py)

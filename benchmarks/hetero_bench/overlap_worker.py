@@ -111,4 +111,6 @@ def _measure(args: argparse.Namespace) -> dict:
     return out
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from hetero_strategy.dist.exit_guard import exit_now
+
+    exit_now(main())  # results written: no finalization to abort in (dist/exit_guard.py)

@@ -71,4 +71,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hetero_strategy.dist.exit_guard import exit_now
+
+    exit_now(main())  # results written: no finalization to abort in (dist/exit_guard.py)

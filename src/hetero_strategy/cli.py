@@ -63,11 +63,9 @@ def _leave(code: int) -> None:
     interpreter's teardown of torch and torchvision, 0.9 s of ``plan``'s 4.9 on this machine.
     Only from the console script (:func:`console`): ``main()`` in Python, ``python -m`` and
     profilers get the code back, with their exit handlers."""
-    import os
+    from hetero_strategy.dist.exit_guard import exit_now
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 def console() -> None:

@@ -12,19 +12,24 @@ job with a Python comm hook died so at exit in about half its runs.
 loss), keeps the context that backward uses; an exit handler, run while the interpreter is still
 whole, waits (sleeping, so the GIL is free) until nothing but itself holds it: every work launched
 in the last backward is then gone. Bounded: after :data:`WAIT_S` it lets the exit go on.
+
+:func:`exit_now` is for our own worker processes, whose results are written when ``main`` returns
+and whose last backward may be a plain DDP baseline's (no hook of ours, nothing noted): they end
+without finalizing at all.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-__all__ = ["WAIT_S", "note_backward_context", "wait_for_release"]
+__all__ = ["WAIT_S", "exit_now", "note_backward_context", "wait_for_release"]
 
 WAIT_S = 3.0
 _KEY = "context"  # torch.autograd.graph._engine_run_backward's key
@@ -59,3 +64,11 @@ def wait_for_release(timeout_s: float = WAIT_S) -> bool:
             return False
         time.sleep(0.001)
     return True
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with ``code`` now, its output flushed, without the interpreter's finalization
+    (nor its exit handlers): what a worker does once its results are written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
