@@ -67,11 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
     # NOTE: around the first round's plan that leans most (static or calibrated: sweep_anchor), and wide
     # on the far side: one noisy probe planned [76, 52] where later rounds and the calibrated run went
-    # to [93, 35]..[97, 31] on 1.0 / 0.57 of a core, and a 5-point sweep about it never reached the best
-    parser.add_argument("--sweep-points", default="0.5,0.75,1.0,1.25,1.5,1.8",
+    # to [93, 35]..[97, 31] on 1.0 / 0.57 of a core, and a 5-point sweep about it never reached the best;
+    # and wide on the near side: at e64f261 a probe planned ~[108, 20], and the best, [86, 42], was
+    # the sweep's alpha 0.5, its edge
+    parser.add_argument("--sweep-points", default="0.25,0.5,0.75,1.0,1.25,1.5,1.8",
                         help="the sweep's splits: equal + a * (plan - equal) for each a, the plan being the "
                              "first round's static or calibrated one, whichever leans more (default "
-                             "0.5,0.75,1.0,1.25,1.5,1.8)")
+                             "0.25,0.5,0.75,1.0,1.25,1.5,1.8)")
     parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
     # NOTE: from equal shares a move is at most max_change (15%) per decision: [64, 64] reaches [94, 34]
     # in 4 decisions; 50 steps left the last one inside the measured window
