@@ -222,12 +222,14 @@ def _write(result: dict, args: argparse.Namespace, console: Any) -> None:
     from rich.table import Table
 
     from hetero_bench.balance_chart import balance_chart
+    from hetero_strategy.commands.provenance import source_commit
 
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     png = args.png or str(path.with_suffix(".png"))
     result["png"] = png
     result["command"] = " ".join(sys.argv)
+    result["commit"] = source_commit()
     path.write_text(json.dumps(result, indent=2))
     balance_chart(result, png)
     tag = " [bold red](SIMULATED)" if result["emulation"] == "simulated" else ""

@@ -198,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     configs = {n: _assess(n, raw, args.batch) for n, raw in raws.items()}
     result = summarise(configs)
-    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), missing=[n for n in names if n not in raws],
+    from hetero_strategy.commands.provenance import source_commit
+
+    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), commit=source_commit(),
+                  missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
                          "hetero_split": "the plan's (batch_sizes=); hetero_auto's codec: the run's compression=auto",

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from hetero_strategy.commands.flags import (
     number,
     output_dir,
 )
+from hetero_strategy.commands.provenance import source_commit
 
 NAME = "demo"
 HELP = "DDP vs strategy='hetero' on an emulated fast + slow rank (ResNet-18 on digits); table + chart."
@@ -132,23 +132,9 @@ def _result(ranks: list[dict], args: argparse.Namespace, simulate: bool, seconds
     return {
         "emulation": "simulated" if simulate else "namespaces", "compute": args.compute, "link": args.link,
         "batch_per_rank": args.batch, "rounds": args.rounds, "block": args.block, "warmup_rounds": args.warmup_rounds,
-        "seconds": seconds, "command": " ".join(["hetero-strategy", *sys.argv[1:]]), "commit": _commit(),
+        "seconds": seconds, "command": " ".join(["hetero-strategy", *sys.argv[1:]]), "commit": source_commit(),
         "definitions": "hetero_strategy.runtime.metrics", "speedup": speedup(modes),
         "probe_split": ranks[0]["probe_split"], "decisions": ranks[0]["decisions"], "modes": modes}
-
-
-def _commit() -> str | None:
-    """The checkout's commit (with ``+`` when ``src/`` has uncommitted changes), None outside a git checkout."""
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        # the package's own files only: make demo's earlier results (benchmarks/results) are not the code
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src"], cwd=here,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("+" if dirty else "")
 
 
 def _table(console: Any, result: dict[str, Any], simulate: bool) -> None:
