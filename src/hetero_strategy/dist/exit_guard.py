@@ -5,8 +5,9 @@ torch 2.14's ``backward()`` stashes a ``contextvars.Context`` in C++ thread-loca
 reduce-scatter) keeps a reference to it, which a gloo worker thread drops just after the work has
 run. If that comes after the main thread began finalizing, dropping it needs the GIL, the thread is
 ended under C++ code that may not unwind, and the process aborts: SIGABRT, "terminate called
-without an active exception", after a training that succeeded. On this machine a 2-rank gloo DDP
-job with a Python comm hook died so at exit in about half its runs.
+without an active exception", after a training that succeeded. On a 2-core machine a 2-rank gloo
+DDP job with a Python comm hook died so at exit in 1 of 25 to 6 of 22 runs
+(benchmarks/bench_exit_abort.py).
 
 :func:`note_backward_context`, called from inside backward (the runtime's comm hook, the FSDP2
 loss), keeps the context that backward uses; an exit handler, run while the interpreter is still
