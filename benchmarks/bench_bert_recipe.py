@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,20 +23,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from hetero_strategy.dist.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "bert_lightning.py"
 MODES = {"hetero": "hetero", "ddp": "ddp"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_once(mode: str, seed: int, steps: int, batch: int, timeout: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(free_port()))
     env.pop("HETERO_STRATEGY_CONFIG", None)
     cmd = [sys.executable, str(RECIPE), "--trainer.accelerator=cpu", "--trainer.devices=2",
            f"--trainer.strategy={MODES[mode]}", f"--trainer.max_steps={steps}", "--trainer.logger=false",

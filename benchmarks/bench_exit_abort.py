@@ -17,10 +17,11 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from hetero_strategy.dist.ports import free_port
 
 DONE = "trained, exiting"
 HELD = "a work still holds the last backward's context at exit"
@@ -53,7 +54,7 @@ def worker(guard: bool) -> None:
         atexit.unregister(exit_guard.wait_for_release)
 
     def held_at_exit() -> None:  # runs before the guard's wait (atexit is last in, first out)
-        if exit_guard._held and sys.getrefcount(exit_guard._held[0]) > 2:
+        if exit_guard.still_held():
             print(HELD, flush=True)
 
     atexit.register(held_at_exit)
@@ -61,16 +62,10 @@ def worker(guard: bool) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(guard: bool, timeout: float = 120.0) -> dict:
     """One job; its exit status and whether both ranks finished training first."""
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    cmd = [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+    cmd = [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            __file__, "--worker", "guard" if guard else "no-guard"]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -103,7 +98,9 @@ def main() -> None:
         for name in ("no_guard", "guard"):
             runs[name].append(launch(name == "guard"))
         print(f"round {k + 1}: " + ", ".join(f"{n} rc={r[-1]['rc']}" for n, r in runs.items()), flush=True)
-    out = {"rounds": args.rounds, "torch": __import__("torch").__version__,
+    from hetero_strategy.commands.provenance import source_commit
+
+    out = {"rounds": args.rounds, "torch": __import__("torch").__version__, "commit": source_commit(),
            "methods": {n: {"runs": len(r), "failed": sum(x["rc"] != 0 for x in r),
                            "aborted_after_training": sum(x["rc"] != 0 and x["trained"] and x["sigabrt"] for x in r),
                            "untrained": sum(not x["trained"] for x in r),

@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
 
+from hetero_strategy.dist.ports import free_port
+
 __all__ = ["free_port", "init_gloo", "launch_env", "run_command", "run_distributed"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # What a launcher (torchrun, Lightning, an earlier test) may have left in this process's environment:

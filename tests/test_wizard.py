@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
+from dist_utils import free_port
 
 from hetero_strategy.cli import main as cli_main
 from hetero_strategy.config import HeteroConfig
@@ -30,12 +30,6 @@ TRAIN_SCRIPT = Path(__file__).parent / "scripts" / "wizard_train.py"
 DOWN, UP, ENTER, CLEAR = "\x1b[B", "\x1b[A", "\r", "\x15"  # arrow keys (vt100), Enter, Ctrl-U (clear line)
 # CUDA hidden: the device default is then CPU on any machine, so the key presses below mean the same.
 PTY_ENV = dict(os.environ, TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1", CUDA_VISIBLE_DEVICES="", NO_COLOR="1")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn(out: Path) -> pexpect.spawn:
@@ -243,7 +237,7 @@ def test_live_profiler_proposes_from_its_measurement(tmp_path, capsys, monkeypat
 
 def test_printed_command_starts_two_ranks(tmp_path, capsys):
     rc, out, err = _run_cli(capsys, "--defaults", "--device", "cpu", "--num-processes", "2", "--capacities", "3,1",
-                            "--main-process-port", str(_free_port()), "--output-dir", str(tmp_path),
+                            "--main-process-port", str(free_port()), "--output-dir", str(tmp_path),
                             "--script", str(TRAIN_SCRIPT))
     assert rc == 0, err
     (command,) = [line for line in out.splitlines() if line.startswith("HETERO_STRATEGY_CONFIG=")]

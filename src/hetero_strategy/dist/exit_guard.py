@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import torch
 
-__all__ = ["WAIT_S", "exit_now", "note_backward_context", "wait_for_release"]
+__all__ = ["WAIT_S", "exit_now", "note_backward_context", "still_held", "wait_for_release"]
 
 WAIT_S = 3.0
 _KEY = "context"  # torch.autograd.graph._engine_run_backward's key
@@ -51,20 +51,26 @@ def note_backward_context() -> None:
     _held[:] = [context]
 
 
+def still_held() -> bool:
+    """Whether something besides this module holds the last noted context (a work still alive)."""
+    # NOTE: 2 = the slot in _held and getrefcount's own argument; each work still alive holds one more
+    return bool(_held) and sys.getrefcount(_held[0]) > 2
+
+
 def wait_for_release(timeout_s: float = WAIT_S) -> bool:
     """Wait until no work holds the last noted context; True if none does (then or within ``timeout_s``)."""
-    if not _held:
-        return True
-    context = _held.pop()
-    atexit.unregister(wait_for_release)
     deadline = time.monotonic() + timeout_s
-    # NOTE: 2 = the local name and getrefcount's own argument; each work still alive holds one more
-    while sys.getrefcount(context) > 2:
-        if time.monotonic() >= deadline:
-            _log.debug("a collective still holds the last backward's context after %.1f s; exiting", timeout_s)
-            return False
-        time.sleep(0.001)
-    return True
+    try:
+        while still_held():
+            if time.monotonic() >= deadline:
+                _log.debug("a collective still holds the last backward's context after %.1f s; exiting", timeout_s)
+                return False
+            time.sleep(0.001)
+        return True
+    finally:
+        if _held:
+            _held.clear()
+            atexit.unregister(wait_for_release)
 
 
 def exit_now(code: int) -> NoReturn:

@@ -36,6 +36,7 @@ from typing_extensions import Self
 
 from hetero_strategy.balance.memory import MEMORY_LIMIT_ENV
 from hetero_strategy.cluster.tiers import parse_rate
+from hetero_strategy.dist.ports import free_port
 from hetero_strategy.emulate import netns
 from hetero_strategy.emulate.launch import RankProcess, RunResult, run_with_restarts, supervise
 from hetero_strategy.emulate.linkprobe import measure_uploads
@@ -137,7 +138,7 @@ class EmulatedCluster:
         """torchrun-compatible environment of ``rank`` in a job made of the cluster ranks ``world``."""
         idx = list(world).index(rank)
         master = "127.0.0.1" if self.spec.simulate else self.nets[world[0]].addr
-        port = _free_port() if self.spec.simulate else _MASTER_PORT
+        port = free_port() if self.spec.simulate else _MASTER_PORT
         node_of = self.spec.node_of
         # torchrun's per-node view: without nodes= every rank is on one node; with it, the job's nodes
         # in order of their first rank
@@ -255,9 +256,3 @@ class EmulatedCluster:
         } for k in range(self.spec.nproc)]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

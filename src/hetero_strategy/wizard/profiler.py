@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,17 +27,12 @@ CPU_PROFILE_ARGS: list[str] = ["--max-bytes", "4MB"]
 """Profiler options on CPU: the all-reduce sweep up to 256 MB takes minutes over gloo."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def profiler_command(out: Path, nproc: int, cpu: bool) -> list[str]:
     cmd = [sys.executable]
     if nproc > 1:
+        from hetero_strategy.dist.ports import free_port  # NOTE: here: the wizard starts without torch
         cmd += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     cmd += ["-m", "hetero_strategy.cli", "profile", "--json", str(out)]
     if cpu:
         cmd += CPU_PROFILE_ARGS
