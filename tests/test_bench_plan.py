@@ -192,3 +192,20 @@ def test_on_cpu_ranks_the_exchanges_host_work_runs_on_their_own_cores(tmp_path):
     whole = [dict(r, model_step=dict(r["model_step"], cpu_share=1.0)) for r in ranks]
     path.write_text(json.dumps(dict(doc, ranks=whole)))
     assert predict(read_cluster([str(path)]), model, 20, "dense").compute_s == pytest.approx(0.01 + 10 / 50)
+
+
+def test_per_round_predictions_combine_to_their_medians_and_the_middle_rounds_split():
+    # three rounds, each predicted from its own profile: steps 0.30, 0.20, 0.25 -> 0.25, with that
+    # round's split; bytes 10, 30, 20 -> 20; one round alone is itself
+    from hetero_bench.plan_summary import combine_rounds
+
+    rounds = [{"hetero": {"step_s": s, "bytes_per_rank": b, "wire_bytes_per_rank": b + 1, "batch_sizes": sizes}}
+              for s, b, sizes in ((0.30, 10.0, [50, 14]), (0.20, 30.0, [54, 10]), (0.25, 20.0, [52, 12]))]
+    got = combine_rounds(rounds)["hetero"]
+    assert got["step_s"] == pytest.approx(0.25) and got["batch_sizes"] == [52, 12]
+    assert got["bytes_per_rank"] == 20.0 and got["wire_bytes_per_rank"] == 21.0
+    assert got["step_rounds_s"] == [0.30, 0.20, 0.25]
+    assert combine_rounds(rounds[:1])["hetero"]["step_s"] == 0.30
+    out = compare(combine_rounds(rounds), {"hetero": {"step_s": [0.25, 0.26, 0.24], "bytes_per_rank": [21.0]}})
+    assert out["methods"]["hetero"]["step_error"] == pytest.approx(0.0)
+    assert out["methods"]["hetero"]["predicted_step_rounds_s"] == [0.30, 0.20, 0.25]

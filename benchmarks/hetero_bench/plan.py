@@ -8,10 +8,11 @@ On each of the emulated clusters that ``bench balance`` and ``bench compression`
 * ``2rank_100mbit`` — 2 full-core ranks on 100 Mbit/s with each codec (bench compression's step
   time: dense, fp16, PowerSGD rank 4, Top-K 1% all-gather and all-reduce),
 
-it (1) runs ``hetero-strategy profile --model`` inside that cluster, (2) predicts every method
-with ``hetero-strategy plan``'s code from that profile alone, and (3) measures the methods with
-the benchmarks' own workers (``balance_worker --framework ddp``, ``compression_worker steptime``),
-in alternating order over ``--rounds``. Figures and errors: :mod:`.plan_summary`.
+it runs ``--rounds`` rounds, each of which (1) runs ``hetero-strategy profile --model`` inside
+that cluster, (2) predicts every method with ``hetero-strategy plan``'s code from that profile
+alone, and (3) measures the methods with the benchmarks' own workers (``balance_worker
+--framework ddp``, ``compression_worker steptime``), in alternating order. A method's prediction
+is the median over rounds, as is its measurement. Figures and errors: :mod:`.plan_summary`.
 
 ``hetero`` and ``hetero_auto`` run at the split the plan gives them (``batch_sizes=``, as a user
 applies ``plan``'s answer), so their error is the step-time model's; how near the runtime's own
@@ -59,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--batch", type=count(2), default=32, help="mean per-rank batch (default 32)")
     parser.add_argument("--rounds", type=count(1), default=3,
-                        help="alternating rounds of the balance configurations (default 3); the codec one runs "
-                             "4 x this many rounds, methods alternating in blocks of 3 steps (the mean of the last 2)")
+                        help="rounds, each a profile then the methods (default 3): the balance configurations run each "
+                             "method once per round, in alternating order; the codec one 4 blocks of 3 steps per "
+                             "method, methods alternating (the mean of the last 2 steps of a block)")
     parser.add_argument("--steps", type=count(4), default=12, help="training steps per method and round")
     parser.add_argument("--measure", type=count(2), default=6, help="figures use the last N steps")
     parser.add_argument("--profile-bytes", default="16MB", help="largest all-reduce of the profile's sweep")
@@ -97,33 +99,30 @@ def _predict(profile: Path, config: dict[str, Any], world: int, batch: int) -> d
     return got
 
 
-def _measure_balance(cluster: Any, config: dict[str, Any], args: argparse.Namespace, out: Path,
+def _measure_balance(cluster: Any, config: dict[str, Any], args: argparse.Namespace, i: int, out: Path,
                      console: Any, planned: dict[str, dict[str, Any]]) -> dict[str, dict[str, list]]:
+    """Round ``i``: every method once in one launch, hetero and hetero_auto at this round's plan."""
     from hetero_bench.plan_summary import balance_round
 
     modes = list(_BALANCE.values())
     at_plan = [f"{_BALANCE[m]}={','.join(map(str, planned[m]['batch_sizes']))}" for m in ("hetero", "hetero_auto")]
-    per: dict[str, dict[str, list]] = {m: {"step_s": [], "bytes_per_rank": [], "batch_sizes": [], "codec": []}
-                                       for m in _BALANCE}
-    for i in range(args.rounds):
-        order = modes if i % 2 == 0 else modes[::-1]  # drift in the machine's load favours no method
-        cmd = [*worker("balance_worker"), "--framework", "ddp", "--mode", ",".join(order), "--count-bytes",
-               "--out", str(out / f"round{i}"), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--measure", str(args.measure), "--model", config["model"],
-               *(a for sizes in at_plan for a in ("--plan-sizes", sizes))]
-        raw = run_job(cluster, cmd, order, out / f"round{i}", args.timeout * len(order), console, f"round {i + 1}")
-        got = balance_round(raw, args.measure)
-        for method, mode in _BALANCE.items():
-            for key in per[method]:
-                per[method][key].append(got[mode][key])
-    return per
+    order = modes if i % 2 == 0 else modes[::-1]  # drift in the machine's load favours no method
+    cmd = [*worker("balance_worker"), "--framework", "ddp", "--mode", ",".join(order), "--count-bytes",
+           "--out", str(out), "--batch", str(args.batch), "--steps", str(args.steps),
+           "--measure", str(args.measure), "--model", config["model"],
+           *(a for sizes in at_plan for a in ("--plan-sizes", sizes))]
+    raw = run_job(cluster, cmd, order, out, args.timeout * len(order), console, f"round {i + 1}")
+    got = balance_round(raw, args.measure)
+    return {method: {key: [got[mode][key]] for key in ("step_s", "bytes_per_rank", "batch_sizes", "codec")}
+            for method, mode in _BALANCE.items()}
 
 
 def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: Any) -> dict[str, dict[str, list]]:
+    """One round: 4 rounds of the codecs' alternating blocks in one launch."""
     from hetero_bench.plan_summary import codec_rounds
 
     path = out / "steptime.json"
-    cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", str(4 * args.rounds),
+    cmd = [*worker("compression_worker"), "steptime", "--out", str(path), "--rounds", "4",
            "--block", "3", "--methods", *_CODECS]
     started = time.perf_counter()
     res = cluster.run(cmd, timeout=args.timeout)
@@ -134,35 +133,49 @@ def _measure_codecs(cluster: Any, args: argparse.Namespace, out: Path, console: 
 
 
 def _measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
-    """One configuration on its emulated cluster: the profile measured there, and each method's
-    per-round step time and bytes per rank."""
+    """One configuration on its emulated cluster, in rounds: each round profiles the cluster, then
+    measures each method's step time and bytes per rank (the balance methods at that profile's plan)."""
     from hetero_strategy.emulate import EmulatedCluster
 
     config = CONFIGS[name]
     console.print(f"[bold]{name}[/bold]: compute {config['compute']}, links {config['links']}")
+    profiles: list[dict] = []
+    measured: dict[str, dict[str, list]] = {}
     with EmulatedCluster(config["compute"], config["links"]) as cluster, \
             tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
-        profile = _profile(cluster, config["spec"], args, Path(tmp), console)
-        if config["worker"] == "balance":
-            planned = _predict(profile, config, len(config["compute"]), args.batch)
-            measured = _measure_balance(cluster, config, args, Path(tmp), console, planned)
-        else:
-            measured = _measure_codecs(cluster, args, Path(tmp), console)
-        return {"profile": json.loads(profile.read_text()), "measured_rounds": measured,
-                "cluster": cluster.describe()}
+        for i in range(args.rounds):
+            # NOTE: a profile per round, just before what it predicts: this host's speed drifts by ~10%
+            # within seconds and more between an hour's runs (docs/planner.md); one profile at the
+            # start made every later round a prediction for another machine
+            out = Path(tmp, f"round{i}")
+            out.mkdir()
+            profile = _profile(cluster, config["spec"], args, out, console)
+            profiles.append(json.loads(profile.read_text()))
+            if config["worker"] == "balance":
+                planned = _predict(profile, config, len(config["compute"]), args.batch)
+                got = _measure_balance(cluster, config, args, i, out / "runs", console, planned)
+            else:
+                got = _measure_codecs(cluster, args, out, console)
+            for method, figures in got.items():
+                for key, values in figures.items():
+                    measured.setdefault(method, {}).setdefault(key, []).extend(values)
+        return {"profiles": profiles, "measured_rounds": measured, "cluster": cluster.describe()}
 
 
 def _assess(name: str, raw: dict[str, Any], batch: int) -> dict[str, Any]:
-    """Predict from the configuration's profile alone, and compare with what was measured."""
-    from hetero_bench.plan_summary import compare
+    """Predict each round from its profile alone (the median over rounds), and compare with what was
+    measured. A result stored before profiles were per round has one ``profile``."""
+    from hetero_bench.plan_summary import combine_rounds, compare
 
     config = CONFIGS[name]
     world = len(config["compute"])
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
-        path = Path(tmp, "profile.json")
-        path.write_text(json.dumps(raw["profile"]))
-        predicted = _predict(path, config, world, batch)
-    result = compare(predicted, raw["measured_rounds"])
+        for i, profile in enumerate(raw.get("profiles") or [raw["profile"]]):
+            path = Path(tmp, f"profile{i}.json")
+            path.write_text(json.dumps(profile))
+            rounds.append(_predict(path, config, world, batch))
+    result = compare(combine_rounds(rounds), raw["measured_rounds"])
     for m, v in result["methods"].items():
         v["measured_batch_sizes"] = raw["measured_rounds"][m].get("batch_sizes")
         v["measured_codec"] = raw["measured_rounds"][m].get("codec")  # compression="auto"'s choice in the run
@@ -186,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     if args.from_json:  # the stored run's profiles and measurements, predicted by this checkout's planner
         doc = json.loads(Path(args.from_json).read_text())
         stored, args.batch = doc["configs"], doc["setup"]["batch_per_rank"]
-        raws = {n: {k: stored[n][k] for k in ("profile", "measured_rounds", "cluster")} for n in names if n in stored}
+        raws = {n: {k: stored[n][k] for k in ("profile", "profiles", "measured_rounds", "cluster") if k in stored[n]}
+                for n in names if n in stored}
     else:
         raws = {}
         for n in names:
@@ -205,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
                          "hetero_split": "the plan's (batch_sizes=); hetero_auto's codec: the run's compression=auto",
-                         "statistics": "step: median over rounds of each round's median step (codecs: of the "
+                         "statistics": "predicted: each round from the profile measured at its start, the median over rounds; "
+                                       "step: median over rounds of each round's median step (codecs: of the "
                                        "mean of the last 2 steps of each 3-step block, methods alternating); spread [min, max]; error = predicted/measured - 1"})
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

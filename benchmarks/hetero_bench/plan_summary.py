@@ -4,6 +4,10 @@
   from one step's start to the next on rank 0), then the median over rounds, with [min, max];
 * measured bytes per rank: the bytes each rank's interface sent per measured step (its transmit
   counter, inside its namespace: headers and acknowledgements included), the mean over ranks;
+* predicted figures: each round is predicted from the profile measured just before it (the host's
+  speed drifts by ~10% over seconds and more over an hour: a profile and a run far apart in time
+  see different machines); the prediction of a method is the median over rounds
+  (:func:`combine_rounds`);
 * error: predicted / measured - 1 (0.10 = predicted 10% high);
 * ``ranked_first``: the method the planner predicts fastest; ``measured_fastest``: the method
   with the least measured median step; the ordering goal holds when the first is within
@@ -18,7 +22,8 @@ from typing import Any
 
 from hetero_strategy.runtime.metrics import median_step
 
-__all__ = ["BYTES_GOAL", "ORDER_TOLERANCE", "STEP_GOAL", "balance_round", "codec_rounds", "compare", "summarise"]
+__all__ = ["BYTES_GOAL", "ORDER_TOLERANCE", "STEP_GOAL", "balance_round", "codec_rounds", "combine_rounds", "compare",
+           "summarise"]
 
 STEP_GOAL = 0.15
 BYTES_GOAL = 0.10
@@ -51,6 +56,21 @@ def codec_rounds(steptime: dict[str, Any], methods: list[str]) -> dict[str, dict
             for m in methods}
 
 
+def combine_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per-round predictions (method -> step_s, bytes_per_rank, ...) -> one per method: the median
+    step_s and bytes over rounds; the other fields (codec, batch_sizes) those of the round whose
+    step is the median's (the lower one of an even count); ``step_rounds_s`` keeps every round's."""
+    out = {}
+    for m in rounds[0]:
+        per = sorted((r[m] for r in rounds if m in r), key=lambda p: p["step_s"])
+        middle = per[(len(per) - 1) // 2]
+        out[m] = {**middle, "step_s": statistics.median(p["step_s"] for p in per),
+                  "step_rounds_s": [r[m]["step_s"] for r in rounds if m in r],
+                  **{k: statistics.median(p[k] for p in per) for k in ("bytes_per_rank", "wire_bytes_per_rank")
+                     if all(p.get(k) is not None for p in per)}}
+    return out
+
+
 def _median(values: list[float | None]) -> tuple[float | None, list[float] | None]:
     got = [v for v in values if v is not None]
     if not got:
@@ -76,7 +96,8 @@ def compare(predicted: dict[str, dict[str, Any]], measured: dict[str, dict[str, 
                       "step_error": _error(p["step_s"], step),
                       "predicted_bytes_per_rank": wire, "measured_bytes_per_rank": sent,
                       "measured_bytes_spread": sent_spread, "bytes_error": _error(wire, sent),
-                      **{k: v for k, v in p.items() if k not in ("step_s", "bytes_per_rank")}}
+                      **{k: v for k, v in p.items() if k not in ("step_s", "bytes_per_rank", "step_rounds_s")},
+                      **({"predicted_step_rounds_s": p["step_rounds_s"]} if "step_rounds_s" in p else {})}
     first = min(methods, key=lambda m: methods[m]["predicted_step_s"])
     fastest = min(methods, key=lambda m: methods[m]["measured_step_s"])
     behind = methods[first]["measured_step_s"] / methods[fastest]["measured_step_s"] - 1.0
