@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the sweep's splits: equal + a * (plan - equal) for each a, the plan being the "
                              "first round's static or calibrated one, whichever leans more (default "
                              "0.25,0.5,0.75,1.0,1.25,1.5,1.8)")
+    parser.add_argument("--cycle-blocks", type=count(1), default=4,
+                        help="--sweep: blocks of 3 steps per split and round, splits taking turns (default 4)")
     parser.add_argument("--steps", type=count(2), default=20, help="training steps of ddp / static hetero runs")
     # NOTE: from equal shares a move is at most max_change (15%) per decision: [64, 64] reaches [94, 34]
     # in 4 decisions; 50 steps left the last one inside the measured window
@@ -151,17 +153,14 @@ def run(args: argparse.Namespace) -> int:
                 if args.framework == "ddp":
                     raw, groups = {}, [["solo", *order]]
                 else:
-                    raw, groups = _launch(cluster, ["solo"], None, args, out / "solo", console), [[m] for m in trainings]
-                jobs = [(m, None) for m in groups] + [(["split"], s) for s in splits]
-                jobs = jobs if i % 2 == 0 else jobs[::-1]
-                for j, (modes, sizes) in enumerate(jobs):
-                    got = _launch(cluster, modes, sizes, args, out / f"job{j}", console)
-                    raw.update(got if sizes is None else {f"split{splits.index(sizes)}": got["split"]})
-                if args.sweep and not splits:  # round 0: the sweep is laid on its plans
-                    splits = sweep_splits(sweep_anchor([_plan(raw[m]) for m in ("hetero", "hetero_cal") if m in raw]),
-                                          alphas)
-                    raw.update({f"split{j}": _launch(cluster, ["split"], s, args, out / f"split{j}", console)["split"]
-                                for j, s in enumerate(splits)})
+                    raw, groups = _launch(cluster, ["solo"], args, out / "solo", console), [[m] for m in trainings]
+                for j, modes in enumerate(groups if i % 2 == 0 else groups[::-1]):
+                    raw.update(_launch(cluster, modes, args, out / f"job{j}", console))
+                if args.sweep:
+                    if not splits:  # round 0: the sweep is laid on its plans
+                        splits = sweep_splits(sweep_anchor([_plan(raw[m]) for m in ("hetero", "hetero_cal")
+                                                            if m in raw]), alphas)
+                    raw["cycle"] = _cycle(cluster, _arms(raw, trainings, splits), args, out / "cycle", console)
                 rounds.append(_round(raw, trainings, splits, args))
                 console.print(f"round {i + 1}/{args.rounds}: " + ", ".join(
                     f"{m} {rounds[-1][f'{m}_samples_per_s']:.0f}/s" for m in trainings) +
@@ -182,29 +181,55 @@ def _plan(ranks: list[dict]) -> list[int]:
         int(r["batches"][-1]) for r in ranks]
 
 
-def _launch(cluster: Any, modes: list[str], sizes: list[int] | None, args: argparse.Namespace, out: Path,
-            console: Any) -> dict[str, list[dict]]:
+def _launch(cluster: Any, modes: list[str], args: argparse.Namespace, out: Path, console: Any,
+            extra: tuple[str, ...] = ()) -> dict[str, list[dict]]:
     """One launch of the worker running ``modes`` in turn; every mode's per-rank records."""
     cmd = [*worker(_WORKER), "--mode", ",".join(modes), "--out", str(out), "--batch", str(args.batch),
            "--steps", str(args.steps), "--measure", str(args.measure), "--cal-steps", str(args.cal_steps),
            "--recalibrate-every", str(args.recalibrate_every), "--model", args.model,
-           "--overlap-comm", args.overlap_comm, "--framework", args.framework]
-    if sizes is not None:
-        cmd += ["--sizes", ",".join(map(str, sizes))]
-    name = ",".join(modes) + ("" if sizes is None else f" {sizes}")
-    return run_job(cluster, cmd, modes, out, args.timeout * len(modes), console, name)
+           "--overlap-comm", args.overlap_comm, "--framework", args.framework, *extra]
+    return run_job(cluster, cmd, modes, out, args.timeout * len(modes), console, ",".join(modes))
+
+
+# the trainings whose split the cycle measures again: dense, so one fixed split stands for them
+_SPLIT_TRAININGS = ("hetero", "hetero_cal", "hetero_auto")
+
+
+def _arms(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]]) -> list[list[int] | None]:
+    """The cycle's arms: plain DDP (None) where it is a training, the split each of
+    ``_SPLIT_TRAININGS`` ended on, and the sweep's; each once."""
+    arms: list[list[int] | None] = [None] if "ddp" in trainings else []
+    for sizes in [_plan(raw[m]) for m in _SPLIT_TRAININGS if m in trainings] + splits:
+        if sizes not in arms:
+            arms.append(sizes)
+    return arms
+
+
+def _cycle(cluster: Any, arms: list[list[int] | None], args: argparse.Namespace, out: Path,
+           console: Any) -> list[dict]:
+    """The arms in one bare-DDP launch, taking turns in blocks (:mod:`.balance_cycle`), whatever
+    ``--framework``: the splits' figures come from one harness."""
+    text = ";".join("ddp" if a is None else ",".join(map(str, a)) for a in arms)
+    ddp = argparse.Namespace(**{**vars(args), "framework": "ddp"})
+    got = _launch(cluster, ["cycle"], ddp, out, console,
+                  ("--arms", text, "--blocks", str(args.cycle_blocks), "--block-steps", "3"))
+    return got["cycle"][0]["arms"]
 
 
 def _round(raw: dict[str, list[dict]], trainings: list[str], splits: list[list[int]],
            args: argparse.Namespace) -> dict[str, Any]:
-    from hetero_bench.balance_metrics import mode_figures, round_figures, solo_figures
+    from hetero_bench.balance_metrics import cycle_figures, mode_figures, round_figures, solo_figures
 
     solo = solo_figures(raw["solo"], args.batch)
     modes = {m: mode_figures(raw[m], solo, args.measure) for m in trainings}
     out = round_figures(solo, modes, args.batch * len(raw["solo"]))
-    if splits:
-        out["sweep"] = [{"sizes": s, **mode_figures(raw[f"split{j}"], solo, args.measure)}
-                        for j, s in enumerate(splits)]
+    if splits:  # measured in the cycle: each arm once, by its sizes (None: plain DDP)
+        out["cycle"] = cycle_figures(raw["cycle"], args.batch * len(raw["solo"]))
+        by = {str(a["sizes"]): a["samples_per_s"] for a in out["cycle"]}
+        out["sweep"] = [{"sizes": s, "samples_per_s": by[str(s)]} for s in splits]
+        for m in trainings:
+            if m == "ddp" or m in _SPLIT_TRAININGS:
+                out[f"{m}_split_samples_per_s"] = by[str(None if m == "ddp" else _plan(raw[m]))]
     return out
 
 

@@ -28,10 +28,20 @@ from hetero_bench.balance_workload import (
 from hetero_bench.compression_e2e import interface_tx_bytes
 from hetero_strategy.workloads.step_clock import StepClock
 
-__all__ = ["fit"]
+__all__ = ["build", "fit"]
 
 
 def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
+    net, model, loader, opt, clock, runtime = build(mode, args, world, steps)
+    run_loop(model, loader, lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), steps, opt, clock, runtime)
+    out = clock.record(mode) | runtime_record(runtime)
+    if args.accuracy:
+        out["accuracy"] = test_accuracy(net)
+    return out
+
+
+def build(mode: str, args: argparse.Namespace, world: int, steps: int) -> tuple[Any, ...]:
+    """One mode's training, ready to step: (net, model, loader, optimizer, clock, runtime or None)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
@@ -59,11 +69,7 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
         else:
             runtime, loader = _hetero(mode, args, world, net, model, data, steps)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    run_loop(model, loader, lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), steps, opt, clock, runtime)
-    out = clock.record(mode) | runtime_record(runtime)
-    if args.accuracy:
-        out["accuracy"] = test_accuracy(net)
-    return out
+    return net, model, loader, opt, clock, runtime
 
 
 def _hetero(mode: str, args: argparse.Namespace, world: int, net: nn.Module, model: nn.Module, data: Any,

@@ -21,7 +21,7 @@ from typing import Any
 
 from hetero_strategy.runtime.metrics import balance, fast_rank_idle, ideal_samples_per_s, median_step
 
-__all__ = ["gap_shares", "mode_figures", "round_figures", "solo_figures"]
+__all__ = ["cycle_figures", "gap_shares", "mode_figures", "round_figures", "solo_figures"]
 
 
 def _diffs(starts: list[float]) -> list[float]:
@@ -89,4 +89,15 @@ def round_figures(solo: dict[str, Any], modes: dict[str, dict[str, Any]], global
         if name != "ddp" and "ddp" in modes:
             out[f"{name}_speedup_vs_ddp"] = m["samples_per_s"] / modes["ddp"]["samples_per_s"]
     out["modes"] = modes
+    return out
+
+
+def cycle_figures(arms: list[dict], global_batch: int) -> list[dict[str, Any]]:
+    """The cycle's arms (sizes, per-block step times) -> sizes, median step and samples/s each
+    (``sizes`` None: plain DDP at equal batches)."""
+    out = []
+    for arm in arms:
+        step = statistics.median(arm["step_s"])
+        out.append({"sizes": arm["sizes"], "step_s": step, "samples_per_s": global_batch / step,
+                    "block_step_s": list(arm["step_s"])})
     return out

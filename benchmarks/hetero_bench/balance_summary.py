@@ -1,9 +1,11 @@
 """The balance benchmark's result JSON from its rounds, and its goals (pure functions).
 
-A round holds every training's figures (``round_figures``) and, with ``--sweep``, ``round["sweep"]``:
-one entry per fixed split. Every figure is a median over rounds with its spread (min, max).
-The best split is the swept split with the highest median throughput; the static and calibrated
-runs are judged against it, as ratios of medians.
+A round holds every training's figures (``round_figures``) and, with ``--sweep``, its cycle's
+(:mod:`.balance_cycle`: the fixed splits and the splits the trainings ended on, taking turns in one
+launch): ``round["sweep"]``, one entry per swept split, and ``<training>_split_samples_per_s``.
+Every figure is a median over rounds with its spread (min, max). The best split is the swept
+split with the highest median throughput; the splits of the static and calibrated runs (and plain
+DDP's) are judged against it in each round's cycle, and the median of those ratios is kept.
 
 JSON keys scripts read stay as they were: ``ddp_samples_per_s``, ``hetero_samples_per_s``,
 ``hetero_cal_samples_per_s``, ``speedup_vs_ddp``, ...; this adds ``best_split``,
@@ -115,9 +117,11 @@ def _add_sweep(result: dict[str, Any], rounds: list[dict], trainings: Sequence[s
     result["best_split_samples_per_s"] = sweep[j]["median"]
     # an end of a sweep of 3+ splits (in increasing alpha) may not bracket the best split
     result["best_split_at_sweep_edge"] = len(sweep) >= 3 and j in (0, len(sweep) - 1)
-    for m in trainings:  # paired within a round, as the speedups
-        result[f"{m}_vs_best_split"] = statistics.median(
-            r[f"{m}_samples_per_s"] / r["sweep"][j]["samples_per_s"] for r in rounds)
+    for m in trainings:  # paired within a round's cycle: the training's split against the best one
+        if f"{m}_split_samples_per_s" in rounds[0]:
+            result[f"{m}_split_samples_per_s"] = statistics.median(r[f"{m}_split_samples_per_s"] for r in rounds)
+            result[f"{m}_vs_best_split"] = statistics.median(
+                r[f"{m}_split_samples_per_s"] / r["sweep"][j]["samples_per_s"] for r in rounds)
 
 
 def goals(result: dict) -> dict[str, dict]:

@@ -8,7 +8,9 @@ bare-DDP loop several in turn in one launch, sharing its process group):
   all-reduce of a tensor the size of the model's gradient over gloo (t_ar).
 * ``ddp`` / ``hetero`` / ``hetero_cal`` / ``hetero_auto`` — ``strategy="ddp"``, the static probe,
   calibration from equal shares, or the probe then calibration (as ``make demo`` does).
-* ``split`` — ``batch_sizes=--sizes``: one fixed split of the benchmark's sweep.
+* ``split`` — ``batch_sizes=--sizes``: one fixed split.
+* ``cycle`` — ``--framework ddp`` only: the ``--arms`` (plain DDP, fixed splits) in one launch,
+  taking turns in blocks of steps (:mod:`.balance_cycle`; the benchmark's sweep).
 * ``ddp_powersgd`` — DDP with PyTorch's own ``powerSGD_hook`` (equal batches).
 * ``hetero_tiered`` — hetero with ``compression="tiered"`` and the static probe.
 * ``hetero_codec`` — hetero with ``compression="auto"`` and the static probe (``bench plan``'s
@@ -41,7 +43,7 @@ from hetero_bench.balance_workload import bench_model
 
 __all__ = ["MODES", "main"]
 
-MODES = ("solo", "split", *TRAININGS)
+MODES = ("solo", "split", "cycle", *TRAININGS)
 _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
                  "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=FRAMEWORKS, default="lightning")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--sizes", default=None, help="split mode: the per-rank batch sizes, e.g. 180,76")
+    p.add_argument("--arms", default=None, help="cycle mode: 'ddp' or per-rank sizes, ';'-separated, e.g. ddp;91,37")
+    p.add_argument("--blocks", type=int, default=4, help="cycle mode: blocks per arm")
+    p.add_argument("--block-steps", type=int, default=3, help="cycle mode: steps per block (the first is not timed)")
     p.add_argument("--plan-sizes", action="append", default=None, metavar="MODE=SIZES",
                    help="run MODE (hetero, hetero_codec, ...) at these per-rank batch sizes instead of its "
                         "probe's, e.g. hetero=52,12 (bench plan: the planner's split); repeatable")
@@ -109,12 +114,19 @@ def main(argv: list[str] | None = None) -> int:
                 "(solo first, if at all)")
     if "split" in modes and not args.sizes:
         p.error("--mode split needs --sizes (the per-rank batch sizes, e.g. 180,76)")
+    if "cycle" in modes and (not args.arms or args.framework != "ddp"):
+        p.error("--mode cycle needs --framework ddp and --arms (e.g. 'ddp;91,37;100,28')")
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     try:
         for mode in modes:
-            result = _solo(args) if mode == "solo" else _fit(mode, args, world)
+            if mode == "cycle":
+                from hetero_bench.balance_cycle import cycle
+
+                result = cycle(args, world)
+            else:
+                result = _solo(args) if mode == "solo" else _fit(mode, args, world)
             result["rank"] = rank
             Path(args.out, f"{mode}_r{rank}.json").write_text(json.dumps(result))
     finally:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "test_accuracy",
-           "train_data"]
+__all__ = ["bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "stepper",
+           "test_accuracy", "train_data"]
 
 
 def train_data(batch: int, world: int, steps: int) -> torch.utils.data.TensorDataset:
@@ -90,13 +90,15 @@ def test_accuracy(net: torch.nn.Module) -> float:
     return accuracy(net, digits_datasets(size=32)[1])
 
 
-def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor], steps: int,
-             opt: torch.optim.Optimizer, clock: Any, runtime: Any = None,
-             count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> None:
-    """``steps`` plain training steps, wired to the hetero runtime as its docs ask of a bare-DDP
-    loop (``batch_start`` / ``backward_end`` / ``step_end``). The data must cover the run."""
+def stepper(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor],
+            opt: torch.optim.Optimizer, clock: Any, runtime: Any = None,
+            count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> Callable[[int], None]:
+    """One plain training step per call (with the step's index), wired to the hetero runtime as its
+    docs ask of a bare-DDP loop (``batch_start`` / ``backward_end`` / ``step_end``). The data must
+    cover every step taken."""
     batches = iter(loader)
-    for step in range(steps):
+
+    def step(i: int) -> None:
         batch = next(batches)
         if runtime is not None:
             runtime.batch_start()
@@ -110,7 +112,17 @@ def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], 
         opt.zero_grad(set_to_none=True)
         clock.batch_end()
         if runtime is not None:
-            runtime.step_end(step)
+            runtime.step_end(i)
+    return step
+
+
+def run_loop(model: torch.nn.Module, loader: Iterable, loss_of: Callable[[Any], torch.Tensor], steps: int,
+             opt: torch.optim.Optimizer, clock: Any, runtime: Any = None,
+             count_of: Callable[[Any], int] = lambda b: len(b[-1])) -> None:
+    """``steps`` steps of :func:`stepper`, then the clock's close."""
+    step = stepper(model, loader, loss_of, opt, clock, runtime, count_of)
+    for i in range(steps):
+        step(i)
     clock.close()
 
 

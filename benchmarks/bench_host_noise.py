@@ -1,0 +1,90 @@
+"""How steady is this machine's CPU? One process per core, pinned, each timing the same matmul loop
+in back-to-back windows over the same wall-clock span; per core the windows' spread about their
+median, and between cores the correlation and the spread of their ratio.
+
+Why: every emulated-cluster benchmark gives ranks whole or partial cores, and a split or a
+prediction is only as good as two cores' speeds keep their ratio. Run alone, under the lock.
+
+Example::
+
+    flock /tmp/hetero_cpu.lock .venv/bin/python benchmarks/bench_host_noise.py \\
+        --json benchmarks/results/host_noise.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _rates(core: int, start: float, windows: int, window_s: float, out: mp.Queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {core})
+    a = torch.randn(256, 256)
+    while time.time() < start:
+        time.sleep(0.001)
+    rates = []
+    for k in range(windows):
+        end, n, t0 = start + window_s * (k + 1), 0, time.perf_counter()
+        while time.time() < end:  # windows end on the shared clock, so the cores' windows line up
+            for _ in range(10):
+                a @ a
+            n += 10
+        rates.append(n / (time.perf_counter() - t0))
+    out.put((core, rates))
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    mid = statistics.median(values)
+    return {"sd_over_median": statistics.pstdev(values) / mid, "min_over_median": min(values) / mid,
+            "max_over_median": max(values) / mid}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=30.0, help="span timed (default 30)")
+    p.add_argument("--window", type=float, default=0.5, help="seconds per window (default 0.5)")
+    p.add_argument("--json", default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        print("bench_host_noise: needs two cores", file=sys.stderr)
+        return 2
+    windows = max(2, round(args.seconds / args.window))
+    ctx, start = mp.get_context("spawn"), time.time() + 3.0  # after both have imported torch
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rates, args=(c, start, windows, args.window, out)) for c in cores]
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=args.seconds + 120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=10)
+    a, b = got[cores[0]], got[cores[1]]
+    ratio = [x / y for x, y in zip(a, b)]
+    result = {"benchmark": "host_noise", "window_s": args.window, "windows": windows,
+              "cores": {str(c): _spread(got[c]) for c in cores}, "correlation": statistics.correlation(a, b),
+              "ratio": _spread(ratio), "rates": {str(c): got[c] for c in cores}}
+    from hetero_strategy.commands.provenance import source_commit
+
+    result["commit"] = source_commit()
+    for c in cores:
+        s = result["cores"][str(c)]
+        print(f"core {c}: sd {s['sd_over_median']:.1%} of the median, [{s['min_over_median']:.2f}, "
+              f"{s['max_over_median']:.2f}] in {args.window} s windows")
+    print(f"correlation {result['correlation']:.2f}; ratio of the cores: sd {result['ratio']['sd_over_median']:.1%}, "
+          f"[{result['ratio']['min_over_median']:.2f}, {result['ratio']['max_over_median']:.2f}]")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
