@@ -4,9 +4,12 @@ One run, alternating: each round launches (on the same emulated cluster) the sol
 then each training of ``--trainings`` (default: plain Lightning ``"ddp"``, ``"hetero"`` with the
 static probe and ``"hetero"`` with online calibration from equal shares); odd rounds run them in
 reverse order, so drift in the machine's load does not favour one of them. ``--sweep`` adds fixed
-splits around the first round's plans (:func:`~hetero_bench.balance_summary.sweep_anchor`),
-run in every round: the best of them is the best split this machine achieves. Figures are medians
-over rounds with their spread (definitions in :mod:`hetero_bench.balance_metrics`).
+splits around the first round's plans (:func:`~hetero_bench.balance_summary.sweep_anchor`): every
+round ends with one launch in which they, plain DDP and the splits this round's trainings ended
+on take turns in blocks of 3 steps (:mod:`hetero_bench.balance_cycle`). The best swept split is
+the best split this machine achieves, and each training's split is judged against it within the
+same cycle. Figures are medians over rounds with their spread (definitions in
+:mod:`hetero_bench.balance_metrics`).
 Workload: torchvision ResNet-18 (or ``--model resnet18_l3``, without layer4) on sklearn digits
 upsampled to 32x32, batch B per rank.
 
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 out = Path(tmp, f"round{i}")
                 # bare DDP runs a round's solo and trainings one after another in one launch (one
                 # start-up, which costs a quarter-core rank most of a minute); Lightning needs one
-                # launch each. Odd rounds run the trainings (and splits) in reverse order.
+                # launch each. Odd rounds run the trainings in reverse order.
                 order = trainings if i % 2 == 0 else trainings[::-1]
                 if args.framework == "ddp":
                     raw, groups = {}, [["solo", *order]]

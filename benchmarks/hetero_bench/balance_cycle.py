@@ -3,7 +3,8 @@
 Every arm, plain DDP at equal batches or the hetero runtime at one fixed split (the ``split``
 mode's training), is built in one launch and stepped in blocks of ``--block-steps``, arms taking
 turns, the order reversed every other block. On this project's 2-core VM one core's speed drifts
-by ~10% over seconds (two cores' ratio by ~14% in half-second windows; docs/benchmarks.md), so
+by ~10% over seconds, independently of the other core (their ratio by ~20% between half-second
+windows; benchmarks/bench_host_noise.py, docs/benchmarks.md), so
 splits measured in separate launches a minute apart compare two machines; arms that take turns
 every second or two see the same one. A block's figure is the mean of its steps but the first
 (which brings the arm's model back into cache and waits out the previous arm's last step).
