@@ -45,3 +45,30 @@ def test_the_driver_measures_plain_ddp_the_trainings_splits_and_the_sweep_each_o
     assert _arms(raw, ["ddp", "hetero", "hetero_cal", "hetero_tiered"], sweep) == [
         None, [91, 37], [88, 40], [82, 46], [100, 28]]
     assert _arms(raw, ["hetero"], sweep) == [[91, 37], [82, 46], [100, 28]]
+
+
+def test_a_round_takes_the_sweep_and_each_trainings_split_from_its_cycle():
+    # global batch 8; the cycle's median block steps: DDP 0.4 s, [6, 2] 0.2 s, [5, 3] 0.25 s, [7, 1] 0.5 s.
+    # The static run ended on [6, 2] (a swept split too), the calibrated on [5, 3]; the tiered run
+    # compresses, so no dense arm stands for it
+    from hetero_bench.balance import _round
+
+    def rank(sizes: list[int] | None, k: int) -> dict:
+        b = 4 if sizes is None else sizes[k]
+        out = {"starts": [0.0, 0.3, 0.6, 0.9, 1.2], "batches": [b] * 4, "compute_s": [0.2] * 4}
+        return out | ({"final_sizes": sizes} if sizes else {})
+
+    solo = [{"starts": [0.1 * i for i in range(8)], "ar_times": [0.01], "grad_bytes": 4} for _ in range(2)]
+    raw = {"solo": solo, "ddp": [rank(None, k) for k in range(2)], "hetero": [rank([6, 2], k) for k in range(2)],
+           "hetero_cal": [rank([5, 3], k) for k in range(2)], "hetero_tiered": [rank([4, 4], k) for k in range(2)],
+           "cycle": [{"sizes": None, "step_s": [0.4, 0.3, 0.5]}, {"sizes": [6, 2], "step_s": [0.2, 0.1, 0.3]},
+                     {"sizes": [5, 3], "step_s": [0.25, 0.25, 0.9]}, {"sizes": [7, 1], "step_s": [0.5, 0.5, 0.5]}]}
+    got = _round(raw, ["ddp", "hetero", "hetero_cal", "hetero_tiered"], [[6, 2], [7, 1]],
+                 argparse.Namespace(batch=4, measure=3))
+    assert got["sweep"] == [{"sizes": [6, 2], "samples_per_s": pytest.approx(8 / 0.2)},
+                            {"sizes": [7, 1], "samples_per_s": pytest.approx(8 / 0.5)}]
+    assert got["ddp_split_samples_per_s"] == pytest.approx(8 / 0.4)
+    assert got["hetero_split_samples_per_s"] == pytest.approx(8 / 0.2)
+    assert got["hetero_cal_split_samples_per_s"] == pytest.approx(8 / 0.25)
+    assert "hetero_tiered_split_samples_per_s" not in got
+    assert got["hetero_samples_per_s"] == pytest.approx(8 / 0.3)  # its own run's figure stays as it was

@@ -209,3 +209,18 @@ def test_per_round_predictions_combine_to_their_medians_and_the_middle_rounds_sp
     out = compare(combine_rounds(rounds), {"hetero": {"step_s": [0.25, 0.26, 0.24], "bytes_per_rank": [21.0]}})
     assert out["methods"]["hetero"]["step_error"] == pytest.approx(0.0)
     assert out["methods"]["hetero"]["predicted_step_rounds_s"] == [0.30, 0.20, 0.25]
+
+
+def test_two_rounds_combine_to_their_mean_and_errors_pair_round_with_round():
+    # an even count: the median is the mean; the other fields are the lower round's. Paired errors:
+    # each round's prediction over the median of that round's measurements (2 per round here)
+    from hetero_bench.plan_summary import combine_rounds
+
+    rounds = [{"ddp": {"step_s": 0.4, "bytes_per_rank": 1.0, "batch_sizes": [8, 8]}},
+              {"ddp": {"step_s": 0.2, "bytes_per_rank": 1.0, "batch_sizes": [9, 7]}}]
+    got = combine_rounds(rounds)["ddp"]
+    assert got["step_s"] == pytest.approx(0.3) and got["batch_sizes"] == [9, 7]
+    out = compare(combine_rounds(rounds), {"ddp": {"step_s": [0.5, 0.3, 0.1, 0.5], "bytes_per_rank": [1.0]}})
+    assert out["methods"]["ddp"]["step_error_rounds"] == pytest.approx([0.4 / 0.4 - 1, 0.2 / 0.3 - 1])
+    odd = compare(combine_rounds(rounds), {"ddp": {"step_s": [0.5, 0.3, 0.1], "bytes_per_rank": [1.0]}})
+    assert odd["methods"]["ddp"]["step_error_rounds"] is None  # 3 measurements do not split into 2 rounds

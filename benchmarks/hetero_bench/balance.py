@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(starts in a fraction of the time: for 4+ ranks on few cores)")
     parser.add_argument("--trainings", default="ddp,hetero,hetero_cal",
                         help=f"comma-separated trainings to compare, from {', '.join(TRAININGS)}")
-    parser.add_argument("--sweep", action="store_true", help="also run fixed splits around the static plan")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also measure fixed splits around the first round's plan that leans most, with plain "
+                             "DDP and the trainings' splits, taking turns in one launch per round")
     # NOTE: around the first round's plan that leans most (static or calibrated: sweep_anchor), and wide
     # on the far side: one noisy probe planned [76, 52] where later rounds and the calibrated run went
     # to [93, 35]..[97, 31] on 1.0 / 0.57 of a core, and a 5-point sweep about it never reached the best;
@@ -214,6 +216,7 @@ def _cycle(cluster: Any, arms: list[list[int] | None], args: argparse.Namespace,
     ``--framework``: the splits' figures come from one harness."""
     text = ";".join("ddp" if a is None else ",".join(map(str, a)) for a in arms)
     ddp = argparse.Namespace(**{**vars(args), "framework": "ddp"})
+    ddp.timeout = args.timeout * len(arms)  # each arm steps about as long as one training
     got = _launch(cluster, ["cycle"], ddp, out, console,
                   ("--arms", text, "--blocks", str(args.cycle_blocks), "--block-steps", "3"))
     return got["cycle"][0]["arms"]

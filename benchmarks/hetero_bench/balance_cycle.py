@@ -5,8 +5,8 @@ mode's training), is built in one launch and stepped in blocks of ``--block-step
 turns, the order reversed every other block. On this project's 2-core VM one core's speed drifts
 by ~10% over seconds, independently of the other core (their ratio by ~20% between half-second
 windows; benchmarks/bench_host_noise.py, docs/benchmarks.md), so
-splits measured in separate launches a minute apart compare two machines; arms that take turns
-every second or two see the same one. A block's figure is the mean of its steps but the first
+splits measured in separate launches a minute apart compare two machines; here every arm has a
+turn in each rotation (about 12 s for ten arms), and a drift over seconds falls on all of them. A block's figure is the mean of its steps but the first
 (which brings the arm's model back into cache and waits out the previous arm's last step).
 
 Example::
@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-from torch import nn
 
 from hetero_bench.balance_fit_ddp import build
 from hetero_bench.balance_workload import stepper
@@ -63,9 +61,8 @@ def cycle(args: argparse.Namespace, world: int) -> dict:
     for sizes in arms:
         arm = argparse.Namespace(**{**vars(args), "sizes": None if sizes is None else ",".join(map(str, sizes)),
                                     "count_bytes": False, "plan_sizes": None})
-        _, model, loader, opt, clock, runtime = build("ddp" if sizes is None else "split", arm, world, steps)
-        runs.append(stepper(model, loader, lambda b, m=model: nn.functional.cross_entropy(m(b[0]), b[1]),
-                            opt, clock, runtime))
+        _, model, loader, loss_of, opt, clock, runtime = build("ddp" if sizes is None else "split", arm, world, steps)
+        runs.append(stepper(model, loader, loss_of, opt, clock, runtime))
         clocks.append(clock)
     taken = [0] * len(arms)
 

@@ -32,8 +32,8 @@ __all__ = ["build", "fit"]
 
 
 def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
-    net, model, loader, opt, clock, runtime = build(mode, args, world, steps)
-    run_loop(model, loader, lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), steps, opt, clock, runtime)
+    net, model, loader, loss_of, opt, clock, runtime = build(mode, args, world, steps)
+    run_loop(model, loader, loss_of, steps, opt, clock, runtime)
     out = clock.record(mode) | runtime_record(runtime)
     if args.accuracy:
         out["accuracy"] = test_accuracy(net)
@@ -41,7 +41,8 @@ def fit(mode: str, args: argparse.Namespace, world: int, steps: int) -> dict:
 
 
 def build(mode: str, args: argparse.Namespace, world: int, steps: int) -> tuple[Any, ...]:
-    """One mode's training, ready to step: (net, model, loader, optimizer, clock, runtime or None)."""
+    """One mode's training, ready to step: (net, model, loader, loss of a batch, optimizer, clock,
+    runtime or None)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
@@ -69,7 +70,7 @@ def build(mode: str, args: argparse.Namespace, world: int, steps: int) -> tuple[
         else:
             runtime, loader = _hetero(mode, args, world, net, model, data, steps)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    return net, model, loader, opt, clock, runtime
+    return net, model, loader, lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), opt, clock, runtime
 
 
 def _hetero(mode: str, args: argparse.Namespace, world: int, net: nn.Module, model: nn.Module, data: Any,

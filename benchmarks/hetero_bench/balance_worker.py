@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                 "(solo first, if at all)")
     if "split" in modes and not args.sizes:
         p.error("--mode split needs --sizes (the per-rank batch sizes, e.g. 180,76)")
-    if "cycle" in modes and (not args.arms or args.framework != "ddp"):
-        p.error("--mode cycle needs --framework ddp and --arms (e.g. 'ddp;91,37;100,28')")
+    if "cycle" in modes and (not args.arms or args.framework != "ddp" or args.blocks < 1 or args.block_steps < 2):
+        p.error("--mode cycle needs --framework ddp, --arms (e.g. 'ddp;91,37;100,28'), --blocks >= 1 and "
+                "--block-steps >= 2 (the first step of a block is not timed)")
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
                          "hetero_split": "the plan's (batch_sizes=); hetero_auto's codec: the run's compression=auto",
-                         "statistics": "predicted: each round from the profile measured at its start, the median over rounds; "
+                         "statistics": "predicted: each round from the profile measured at its start (a result stored "
+                                       "before that: its one profile), the median over rounds; "
                                        "step: median over rounds of each round's median step (codecs: of the "
                                        "mean of the last 2 steps of each 3-step block, methods alternating); spread [min, max]; error = predicted/measured - 1"})
     path = Path(args.json)

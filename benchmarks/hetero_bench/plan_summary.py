@@ -78,6 +78,16 @@ def _median(values: list[float | None]) -> tuple[float | None, list[float] | Non
     return statistics.median(got), [min(got), max(got)]
 
 
+def _paired(predicted: list[float], measured: list[float]) -> list[float | None] | None:
+    """Round against round: each round's prediction over the median of that round's measurements
+    (a round measured k values in turn, as the codec configuration's 4 blocks), minus 1; None
+    where the counts do not divide."""
+    k, rest = divmod(len(measured), len(predicted)) if predicted else (0, 1)
+    if k == 0 or rest:
+        return None
+    return [_error(p, statistics.median(measured[i * k:(i + 1) * k])) for i, p in enumerate(predicted)]
+
+
 def _error(predicted: float | None, measured: float | None) -> float | None:
     return None if predicted is None or not measured else predicted / measured - 1.0
 
@@ -97,7 +107,9 @@ def compare(predicted: dict[str, dict[str, Any]], measured: dict[str, dict[str, 
                       "predicted_bytes_per_rank": wire, "measured_bytes_per_rank": sent,
                       "measured_bytes_spread": sent_spread, "bytes_error": _error(wire, sent),
                       **{k: v for k, v in p.items() if k not in ("step_s", "bytes_per_rank", "step_rounds_s")},
-                      **({"predicted_step_rounds_s": p["step_rounds_s"]} if "step_rounds_s" in p else {})}
+                      **({"predicted_step_rounds_s": p["step_rounds_s"],
+                          "step_error_rounds": _paired(p["step_rounds_s"], measured[m]["step_s"])}
+                         if "step_rounds_s" in p else {})}
     first = min(methods, key=lambda m: methods[m]["predicted_step_s"])
     fastest = min(methods, key=lambda m: methods[m]["measured_step_s"])
     behind = methods[first]["measured_step_s"] / methods[fastest]["measured_step_s"] - 1.0
