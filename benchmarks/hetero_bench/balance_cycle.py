@@ -2,9 +2,9 @@
 
 Every arm, plain DDP at equal batches or the hetero runtime at one fixed split (the ``split``
 mode's training), is built in one launch and stepped in blocks of ``--block-steps``, arms taking
-turns, the order reversed every other block. On this project's 2-core VM one core's speed drifts
-by ~10% over seconds, independently of the other core (their ratio by ~20% between half-second
-windows; benchmarks/bench_host_noise.py, docs/benchmarks.md), so
+turns, the order reversed every other block. On this project's 2-core VM one core's speed moves
+by 2-15% between half-second windows, mostly independently of the other core (their ratio by
+5-20%; benchmarks/bench_host_noise.py, docs/benchmarks.md), so
 splits measured in separate launches a minute apart compare two machines; here every arm has a
 turn in each rotation (about 12 s for ten arms), and a drift over seconds falls on all of them. A block's figure is the mean of its steps but the first
 (which brings the arm's model back into cache and waits out the previous arm's last step).

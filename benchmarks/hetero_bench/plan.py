@@ -144,9 +144,9 @@ def _measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any
     with EmulatedCluster(config["compute"], config["links"]) as cluster, \
             tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
         for i in range(args.rounds):
-            # NOTE: a profile per round, just before what it predicts: this host's speed drifts by ~10%
-            # within seconds and more between an hour's runs (docs/planner.md); one profile at the
-            # start made every later round a prediction for another machine
+            # NOTE: a profile per round, just before what it predicts: this host's speed moves by
+            # 2-15% within seconds and its noise level from minute to minute (docs/benchmarks.md); one
+            # profile at the start made every later round a prediction for another machine
             out = Path(tmp, f"round{i}")
             out.mkdir()
             profile = _profile(cluster, config["spec"], args, out, console)

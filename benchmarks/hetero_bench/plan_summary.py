@@ -4,10 +4,10 @@
   from one step's start to the next on rank 0), then the median over rounds, with [min, max];
 * measured bytes per rank: the bytes each rank's interface sent per measured step (its transmit
   counter, inside its namespace: headers and acknowledgements included), the mean over ranks;
-* predicted figures: each round is predicted from the profile measured just before it (the host's
-  speed drifts by ~10% over seconds and more over an hour: a profile and a run far apart in time
-  see different machines); the prediction of a method is the median over rounds
-  (:func:`combine_rounds`);
+* predicted figures: each round is predicted from the profile measured just before it (this
+  host's speed moves by 2-15% within seconds, its noise level from minute to minute: a profile and
+  a run far apart in time may see different machines); the prediction of a method is the median
+  over rounds (:func:`combine_rounds`), and ``step_error_rounds`` pairs round with round;
 * error: predicted / measured - 1 (0.10 = predicted 10% high);
 * ``ranked_first``: the method the planner predicts fastest; ``measured_fastest``: the method
   with the least measured median step; the ordering goal holds when the first is within
