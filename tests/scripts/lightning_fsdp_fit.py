@@ -76,4 +76,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from hetero_strategy.dist.exit_guard import exit_now
+
     main()
+    # NOTE: results saved; no finalization to abort in: this job aborted once at exit (SIGABRT,
+    # "terminate called without an active exception") in a full test run with the exit wait in
+    # place (docs/troubleshooting.md); what the test checks is the restart, not the exit
+    exit_now(0)
