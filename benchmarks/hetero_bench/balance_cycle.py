@@ -6,8 +6,9 @@ turns, the order reversed every other block. On this project's 2-core VM one cor
 by 2-15% between half-second windows, mostly independently of the other core (their ratio by
 5-20%; benchmarks/bench_host_noise.py, docs/benchmarks.md), so
 splits measured in separate launches a minute apart compare two machines; here every arm has a
-turn in each rotation (about 12 s for ten arms), and a drift over seconds falls on all of them. A block's figure is the mean of its steps but the first
-(which brings the arm's model back into cache and waits out the previous arm's last step).
+turn in each rotation (about 12 s for ten arms), and a drift over seconds falls on all of them.
+A block's figure is the mean of its steps but the first (which brings the arm's model back into
+cache and waits out the previous arm's last step).
 
 Example::
 
@@ -22,7 +23,7 @@ import statistics
 import time
 
 from hetero_bench.balance_fit_ddp import build
-from hetero_bench.balance_workload import stepper
+from hetero_bench.balance_workload import parse_sizes, stepper
 
 __all__ = ["WARMUP_STEPS", "cycle", "parse_arms"]
 
@@ -38,17 +39,11 @@ def parse_arms(text: str) -> list[list[int] | None]:
     """
     arms: list[list[int] | None] = []
     for part in (p.strip() for p in text.split(";")):
-        try:
-            arms.append(None if part == "ddp" else [int(b) for b in part.split(",")])
-        except ValueError:
-            arms = []
-            break
-        if arms[-1] is not None and min(arms[-1]) < 1:
-            arms = []
-            break
-    if not arms:
-        raise ValueError(f"--arms={text!r} is invalid: give arms separated by ';', each 'ddp' or per-rank "
-                         "batch sizes >= 1, e.g. 'ddp;91,37;100,28'")
+        sizes = None if part == "ddp" else parse_sizes(part)
+        if sizes is None and part != "ddp":
+            raise ValueError(f"--arms={text!r} is invalid: give arms separated by ';', each 'ddp' or per-rank "
+                             "batch sizes >= 1, e.g. 'ddp;91,37;100,28'")
+        arms.append(sizes)
     return arms
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["bench_model", "hetero_options", "powersgd_state", "run_loop", "runtime_record", "stepper",
+__all__ = ["bench_model", "hetero_options", "parse_sizes", "powersgd_state", "run_loop", "runtime_record", "stepper",
            "test_accuracy", "train_data"]
 
 
@@ -56,17 +56,23 @@ def hetero_options(mode: str, args: argparse.Namespace, world: int) -> dict[str,
     return opts
 
 
+def parse_sizes(text: str) -> list[int] | None:
+    """``"52,12"`` -> [52, 12]; None unless every entry is a whole number >= 1 (the caller names its flag)."""
+    try:
+        values = [int(b) for b in text.split(",")]
+    except ValueError:
+        return None
+    return values if values and min(values) >= 1 else None
+
+
 def _planned(entries: list[str]) -> dict[str, list[int]]:
     """``--plan-sizes MODE=B0,B1,...`` entries by mode; refused unless MODE is a static hetero mode
     (the calibrated ones start from their own split) and every size a whole number >= 1."""
     out = {}
     for entry in entries:
         mode, _, sizes = entry.partition("=")
-        try:
-            values = [int(b) for b in sizes.split(",")]
-        except ValueError:
-            values = []
-        if mode not in ("hetero", "hetero_codec", "hetero_tiered") or not values or min(values) < 1:
+        values = parse_sizes(sizes)
+        if mode not in ("hetero", "hetero_codec", "hetero_tiered") or values is None:
             raise ValueError(f"--plan-sizes={entry!r} is invalid: give MODE=B0,B1,... with MODE one of hetero, "
                              "hetero_codec, hetero_tiered and each size >= 1, e.g. hetero=52,12")
         out[mode] = values
