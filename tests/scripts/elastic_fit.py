@@ -144,4 +144,10 @@ def _crash_inside_write(ckpt: Checkpointer, step: int) -> None:
 
 
 if __name__ == "__main__":
+    from hetero_strategy.dist.exit_guard import exit_now
+
     main()
+    # NOTE: results saved; no finalization to abort in: the FSDP2 run of this job aborted at exit
+    # (SIGABRT, "terminate called without an active exception") in a full test run with the exit
+    # wait in place (docs/troubleshooting.md); what the tests check is the restart, not the exit
+    exit_now(0)
