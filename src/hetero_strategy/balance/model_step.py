@@ -11,11 +11,16 @@ timed apart and reported as ``optimizer_s``, part of the step's fixed cost. ``co
 what each codec's hook costs a step under DDP (:mod:`hetero_strategy.hooks.timing`, what a step pays):
 its CPU seconds over ``cpu_share``, the share of a core the timed windows got (CPU time over wall
 time: under a quota, 0.25 of a core's rank gets ~0.25), so a quota's 100 ms bursts do not blur it.
+With a group of two or more ranks up, ``exchange_cpu_s`` is what DDP's dense exchange over that
+group adds to a step in CPU seconds on this rank (the DDP step less the bare one, at the larger
+batch): on a CPU rank gloo reduces and copies on the core backward runs on, and the two threads
+disturb each other; on ResNet-18 at 0.57 of a core that measured 2-3x the all-reduce's own CPU
+time alone (docs/planner.md).
 
 Example::
 
     measure_model_step("resnet18", batch=32)   # {"model", "batch", "samples_per_s", "fixed_s", "optimizer_s",
-                                               #  "codec_s", "cpu_share", "hook_s"}
+                                               #  "codec_s", "cpu_share", "hook_s", "exchange_cpu_s"}
 """
 
 from __future__ import annotations
@@ -68,17 +73,21 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     batches = [repeat_batch(example, b) for b in sizes]
 
     spent = [0.0, 0.0]  # CPU seconds, wall seconds of the timed windows
+    cpu_per_step: list[float] = []  # of the larger batch's windows
 
     def run(x: Any, reps: int) -> float:
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(reps):
             model_loss(model, x).backward()
-        wall = time.perf_counter() - t0
-        spent[0] += time.process_time() - c0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        spent[0] += cpu
         spent[1] += wall
+        if x is batches[0]:
+            cpu_per_step.append(cpu / reps)
         return wall / reps
 
     reps = [max(1, math.ceil(window_s / max(run(x, 1), run(x, 1), 1e-6))) for x in batches]  # 2 warm-ups
+    exchange = _ExchangeWindow.start(model, batches[0], window_s)
     windows: list[list[float]] = [[] for _ in sizes]
     # NOTE: every rank times its windows while the others step too, as in training: the ranks start
     # together, and one that is done keeps stepping until the last is (busy_until_all_arrive)
@@ -87,9 +96,12 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
 
     busy_until_all_arrive(untimed)
     spent[:] = [0.0, 0.0]
+    cpu_per_step.clear()
     for _ in range(steps):
         for k, x in enumerate(batches):
             windows[k].append(run(x, reps[k]))
+        if exchange is not None:  # NOTE: not in ``spent``: its waits for peers are no quota's
+            exchange.run()
     busy_until_all_arrive(untimed)
     cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
         StepCost(sizes[0] / statistics.median(windows[0]))
@@ -99,7 +111,46 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
     return {"model": spec, "batch": sizes, "samples_per_s": cost.samples_per_s, "fixed_s": cost.fixed_s,
             "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model),
             "cpu_share": share,
-            "hook_s": {k: v / share for k, v in hook_seconds(model, varied(batches[0]), model_loss, HOOK_LABELS).items()}}
+            "hook_s": {k: v / share for k, v in hook_seconds(model, varied(batches[0]), model_loss, HOOK_LABELS).items()},
+            "exchange_cpu_s": None if exchange is None else
+            max(0.0, statistics.median(exchange.cpu_per_step) - statistics.median(cpu_per_step))}
+
+
+class _ExchangeWindow:
+    """Windows of DDP steps (dense, default buckets) on a copy of the model over the job's group,
+    CPU seconds per step each. Collective: every rank runs as many steps per window, enough for the
+    slowest rank's window to last ``window_s`` (a step over a slow link takes seconds: one then)."""
+
+    def __init__(self, ddp: torch.nn.Module, batch: Any, reps: int) -> None:
+        self.ddp, self.batch, self.reps = ddp, batch, reps
+        self.cpu_per_step: list[float] = []
+
+    @classmethod
+    def start(cls, model: torch.nn.Module, batch: Any, window_s: float) -> _ExchangeWindow | None:
+        """None without a process group of two or more ranks."""
+        import copy
+
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        from hetero_strategy.dist import all_gather_floats
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        window = cls(DistributedDataParallel(copy.deepcopy(model)), batch, 1)
+        window.run()  # DDP rebuilds its buckets in the order of the first backward's gradients
+        t0 = time.perf_counter()
+        window.run()
+        slowest = max(row[0] for row in all_gather_floats([time.perf_counter() - t0]))
+        window.cpu_per_step.clear()
+        window.reps = max(1, math.ceil(window_s / max(slowest, 1e-6)))
+        return window
+
+    def run(self) -> None:
+        c0 = time.process_time()
+        for _ in range(self.reps):
+            model_loss(self.ddp, self.batch).backward()
+        self.cpu_per_step.append((time.process_time() - c0) / self.reps)
 
 
 def varied(batch: Any) -> Any:

@@ -30,6 +30,7 @@ from hetero_strategy.balance.memory import MemoryCost
 from hetero_strategy.balance.plan_ranks import (
     CODEC_BYTES_PER_ENTRY,
     codec_seconds,
+    exchange_on_core,
     half_ratio,
     on_core,
     per_rank,
@@ -62,8 +63,9 @@ class MethodPlan:
     """The slowest rank's forward, backward and codec work, and on CPU ranks the exchange's host
     work on its core (:func:`~hetero_strategy.balance.plan_ranks.on_core`)."""
     comm_s: float
-    """The whole exchange, that host work included (it is in ``compute_s`` too: the step is not
-    their sum)."""
+    """The whole exchange as the profile's all-reduce measured it, its host share included (on CPU
+    ranks that share, or DDP's measured exchange where profiled, is in ``compute_s``: the step is
+    not their sum)."""
     step_s: float
     samples_per_s: float
     bytes_per_rank: float
@@ -133,7 +135,8 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         return exchange_seconds(candidate.codec, part, w, link, density, rank, half_ratio(cluster)) if w > 1 else 0.0
 
     comm = exchange(buckets)
-    host_work = on_core(cluster, reduction_seconds(candidate, buckets, w, link, cluster))
+    reduction = reduction_seconds(candidate, buckets, w, link, cluster)
+    host_work = on_core(cluster, candidate, buckets, reduction)
     work = [x + y for x, y in zip(per_rank(cluster, lambda r: codec_seconds(candidate, r, model, cluster.efficiency)),
                                   host_work)]
     if even:
@@ -142,8 +145,9 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
         sizes = split_batch_timed(global_batch, [c.samples_per_s for c in costs],
                                   [c.fixed_s + x for c, x in zip(costs, work)], min_per_rank=least_share(global_batch, w))
     compute = max(c.seconds(b) + x for c, b, x in zip(costs, sizes, work))
-    # what is left of the exchange is the link's: it may hide under backward, its last bucket's may not
-    host = max(host_work)  # the slowest share's: what the measured all-reduce paid
+    # what is left of the measured exchange, less the host share it paid, is the link's: it may hide
+    # under backward, its last bucket's may not
+    host = reduction if exchange_on_core(cluster) else 0.0
     tail = exchange(buckets[-1:]) - (reduction_seconds(candidate, buckets[-1:], w, link, cluster) if host else 0.0)
     # NOTE: torch's PowerSGD runs in one bucket on gloo (it aborts with several): all of it follows backward
     one_bucket = candidate.codec == "powersgd" and cluster.backend == "gloo"

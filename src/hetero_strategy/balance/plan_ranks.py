@@ -14,8 +14,8 @@ from hetero_strategy.cluster.spec import PlanCluster, RankDevice
 from hetero_strategy.cluster.wire import collectives
 from hetero_strategy.hooks.auto import Candidate
 
-__all__ = ["CODEC_BYTES_PER_ENTRY", "codec_seconds", "half_ratio", "matmul_efficiency", "on_core", "per_rank",
-           "powersgd_flops", "reduction_seconds", "step_costs", "timed"]
+__all__ = ["CODEC_BYTES_PER_ENTRY", "codec_seconds", "exchange_on_core", "half_ratio", "matmul_efficiency", "on_core",
+           "per_rank", "powersgd_flops", "reduction_seconds", "step_costs", "timed"]
 
 T = TypeVar("T")
 
@@ -87,32 +87,55 @@ def half_ratio(cluster: PlanCluster) -> float:
     return 1.0 - 0.5 * share
 
 
-def reduction_seconds(candidate: Candidate, buckets: list, world: int, link, cluster: PlanCluster) -> float:
-    """The host's share of the exchange's all-reduces: 1 - ``wire_share`` of their bandwidth term,
-    priced at 4 bytes per entry whatever the codec sends (gloo sums fp16 at fp32's pace:
-    :func:`half_ratio`); latency and all-gathers (no reduction) are the link's. 0 without a
-    measured ``wire_share`` or a link."""
-    if cluster.wire_share is None or link is None:
-        return 0.0
-    bare, total = Link(link.bytes_per_s), 0.0
+def _reduced(candidate: Candidate, buckets: list, world: int) -> float:
+    """Bytes the exchange's all-reduces reduce per step, at 4 bytes per entry whatever the codec
+    sends (gloo sums fp16 at fp32's pace: :func:`half_ratio`); all-gathers reduce nothing."""
+    total = 0.0
     for shapes in buckets:
         for kind, payload in collectives(candidate.codec, shapes, world, candidate.density or 0.01,
                                          candidate.rank or 4):
             if kind == "all_reduce":
-                total += collective_seconds(kind, payload * (2.0 if candidate.codec in ("fp16", "bf16") else 1.0),
-                                            world, bare)
-    return (1.0 - cluster.wire_share) * total
+                total += payload * (2.0 if candidate.codec in ("fp16", "bf16") else 1.0)
+    return total
 
 
-def on_core(cluster: PlanCluster, host_s: float) -> list[float]:
-    """Each rank's seconds of the exchange's host work (``host_s``, as the measured all-reduce paid
-    it) on its own core: on a gloo cluster of CPU ranks of at most one core each (every
-    ``cpu_share`` known and below 1), gloo reduces and copies on the core backward needs, so
-    backward cannot hide it; the measured all-reduce paid it at the slowest share, a rank with a
-    larger share pays it faster (x slowest / its share). Zero elsewhere (a rank reading a whole core
-    may have more, where the reduction need not wait for backward)."""
-    shares = [r.cpu_share for r in cluster.ranks]
-    if cluster.backend != "gloo" or cluster.world < 2 or any(s is None or not 0 < s < 1 for s in shares):
+def reduction_seconds(candidate: Candidate, buckets: list, world: int, link, cluster: PlanCluster) -> float:
+    """The host's share of the exchange's all-reduces as the profile's all-reduce sweep paid it:
+    1 - ``wire_share`` of their bandwidth term (:func:`_reduced`); latency and all-gathers are the
+    link's. 0 without a measured ``wire_share`` or a link."""
+    if cluster.wire_share is None or link is None:
+        return 0.0
+    return (1.0 - cluster.wire_share) * collective_seconds("all_reduce", _reduced(candidate, buckets, world), world,
+                                                           Link(link.bytes_per_s))
+
+
+def on_core(cluster: PlanCluster, candidate: Candidate, buckets: list, host_s: float) -> list[float]:
+    """Each rank's seconds of the exchange's host work on its own core. On a gloo cluster of CPU
+    ranks of at most one core each (every ``cpu_share`` known and below 1), gloo reduces and copies
+    on the core backward needs, so backward cannot hide it. Where every rank's profile measured
+    DDP's dense exchange (``exchange_cpu_s``), a rank pays the ranks' mean CPU seconds of it at its
+    share of a core, less DDP's bucket copies (already in its codec work, ``hook_s["dense"]``),
+    scaled to the entries ``candidate`` reduces: it holds what the all-reduce's own figure misses,
+    the two threads disturbing each other on one core.
+    Else ``host_s`` (the sweep's host share, :func:`reduction_seconds`), paid at the slowest share
+    as the collective measured it, faster by x slowest / its share on a rank with more. Zero
+    elsewhere (a rank reading a whole core may have more, where the reduction need not wait for
+    backward)."""
+    if not exchange_on_core(cluster):
         return [0.0] * cluster.world
-    slowest = min(shares)
-    return [host_s * slowest / s for s in shares]
+    if all(r.exchange_cpu_s is not None for r in cluster.ranks):
+        ratio = _reduced(candidate, buckets, cluster.world) / max(_reduced(Candidate("dense"), buckets, cluster.world), 1.0)
+        # NOTE: the ring reduces and copies as many bytes on every rank: one figure, the ranks' mean
+        # CPU seconds, each paying it at its share. Each rank's own is a difference of two timings;
+        # apart, the 0.57-core rank's read 1.1-2.1x the whole core's in five profiles, and the
+        # split followed that noise as far as 62/2 (51/13 from the profile that read them alike)
+        cpu = sum(r.exchange_cpu_s for r in cluster.ranks) / cluster.world
+        return per_rank(cluster, lambda r: max(0.0, cpu / r.cpu_share - dict(r.hook_s).get("dense", 0.0)) * ratio)
+    shares = [r.cpu_share for r in cluster.ranks]
+    return [host_s * min(shares) / s for s in shares]
+
+
+def exchange_on_core(cluster: PlanCluster) -> bool:
+    """Whether the exchange's host work runs on the ranks' training cores (:func:`on_core`)."""
+    shares = [r.cpu_share for r in cluster.ranks]
+    return cluster.backend == "gloo" and cluster.world >= 2 and all(s is not None and 0 < s < 1 for s in shares)

@@ -26,8 +26,7 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +68,8 @@ class RankDevice:
     cpu_share: float | None = None
     """A CPU rank's share of a core, as its profile's timed windows got it (``model_step.cpu_share``:
     under a quota, 0.57 of a core reads ~0.57); None for an accelerator or where not measured."""
+    exchange_cpu_s: float | None = None
+    """A CPU rank's CPU seconds per step of DDP's dense exchange over the job's group, as profiled."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class PlanCluster:
     def replicated(self, times: int) -> PlanCluster:
         """The same mix ``times`` over: every node repeated (for ``plan --scale``)."""
         t = self.topology
-        return dataclasses.replace(self, ranks=self.ranks * times, tiers=self.tiers * times,
+        return replace(self, ranks=self.ranks * times, tiers=self.tiers * times,
                                    topology=Topology(t.per_node * times, t.intra * times, t.inter * times,
                                                      t.hierarchical))
 
@@ -190,19 +191,18 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
     name = card.name if card else str((measured.get("device") or {}).get("name", "measured"))
     fp32 = rates.get("fp32") or (card.tflops["fp32"] if card else tflops)
     step = measured.get("model_step")
+    timed = None
     if isinstance(step, dict) and _number(step.get("samples_per_s")) and step["samples_per_s"] > 0 \
             and _number(step.get("fixed_s")) and isinstance(step.get("model"), str):
         optimizer = step.get("optimizer_s") if _number(step.get("optimizer_s")) else 0.0
         timed = (step["model"], float(step["samples_per_s"]), max(0.0, float(step["fixed_s"])) + max(0.0, optimizer))
-    else:
-        timed = None
-    held = (measured.get("device") or {}).get("memory_bytes")
+    held, on_cpu = (measured.get("device") or {}).get("memory_bytes"), (measured.get("device") or {}).get("kind") == "cpu"
     held = float(held) if _number(held) and held > 0 else (card.memory_gb * 2**30 if card else None)
-    on_cpu = (measured.get("device") or {}).get("kind") == "cpu"
-    share = step.get("cpu_share") if on_cpu and timed is not None else None
+    share, exchange = (step.get("cpu_share"), step.get("exchange_cpu_s")) if on_cpu and timed else (None, None)
+    share = float(share) if _number(share) and share > 0 else None
     return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed,
-                      _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held,
-                      float(share) if _number(share) and share > 0 else None)
+                      _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held, share,
+                      float(exchange) if share and _number(exchange) and exchange >= 0 else None)
 
 
 def _seconds(step: Any, key: str, timed: Any) -> tuple[tuple[str, float], ...]:
