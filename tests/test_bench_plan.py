@@ -70,6 +70,26 @@ def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
     json.dumps(overall)  # the result is written as JSON
 
 
+def test_methods_predicted_identically_are_first_together_and_a_near_tie_is_not():
+    # hetero_auto keeping dense is hetero: both predicted 0.223 s; their runs measured 0.252 and
+    # 0.228 (noise). The planner has no order between them: either being fastest meets the goal.
+    # A prediction 1% apart is an order, and is held to it.
+    def config(auto_predicted: float) -> dict:
+        predicted = {"hetero": {"step_s": 0.223, "bytes_per_rank": 1.0},
+                     "hetero_auto": {"step_s": auto_predicted, "bytes_per_rank": 1.0},
+                     "ddp": {"step_s": 0.3, "bytes_per_rank": 1.0}}
+        return compare(predicted, {"hetero": {"step_s": [0.252], "bytes_per_rank": [1.0]},
+                                   "hetero_auto": {"step_s": [0.228], "bytes_per_rank": [1.0]},
+                                   "ddp": {"step_s": [0.32], "bytes_per_rank": [1.0]}})
+
+    tie, order = config(0.223), config(0.223 * 1.01)
+    assert tie["ranked_first_tied"] == ["hetero", "hetero_auto"] and tie["measured_fastest"] == "hetero_auto"
+    assert tie["ranked_first_behind_fastest"] == 0.0 and tie["goals"]["ranked_first_within_5pct_of_fastest"]
+    assert order["ranked_first"] == "hetero" and order["ranked_first_tied"] == ["hetero"]
+    assert order["ranked_first_behind_fastest"] == pytest.approx(0.252 / 0.228 - 1)
+    assert not order["goals"]["ranked_first_within_5pct_of_fastest"]
+
+
 def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
     """A profile whose ranks timed the model: the planner's compute is b / rate + fixed + optimizer + the
     dense hook, not TFLOP/s; measured on CPUs, it plans gloo, whose fp16 halves only the link's share."""
@@ -224,3 +244,26 @@ def test_two_rounds_combine_to_their_mean_and_errors_pair_round_with_round():
     assert out["methods"]["ddp"]["step_error_rounds"] == pytest.approx([0.4 / 0.4 - 1, 0.2 / 0.3 - 1])
     odd = compare(combine_rounds(rounds), {"ddp": {"step_s": [0.5, 0.3, 0.1], "bytes_per_rank": [1.0]}})
     assert odd["methods"]["ddp"]["step_error_rounds"] is None  # 3 measurements do not split into 2 rounds
+
+
+def test_from_json_predicts_a_stored_run_again_and_keeps_where_it_was_measured(tmp_path):
+    """--from-json on the committed result: no emulator; the stored run's commit is kept as
+    ``measured_commit`` (``commit`` is the checkout that predicted), and the measurements are the
+    stored ones."""
+    import argparse
+
+    from hetero_bench import RESULTS
+    from hetero_bench.plan import add_arguments, run
+
+    stored = json.loads((RESULTS / "plan.json").read_text())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "again.json"
+    args = parser.parse_args(["--from-json", str(RESULTS / "plan.json"), "--configs", "2rank_100mbit",
+                              "--json", str(out)])
+    assert run(args) == 0
+    got = json.loads(out.read_text())
+    assert got["measured_commit"] == (stored.get("measured_commit") or stored["commit"])
+    again, before = got["configs"]["2rank_100mbit"], stored["configs"]["2rank_100mbit"]
+    assert again["measured_rounds"] == before["measured_rounds"]
+    assert set(again["methods"]) == set(before["methods"]) and again["ranked_first_tied"]

@@ -196,8 +196,10 @@ def run(args: argparse.Namespace) -> int:
                          f"{', '.join(CONFIGS)}, and --measure below --steps ({args.steps})")
     console = Console()
     started = time.perf_counter()
+    measured_commit = None
     if args.from_json:  # the stored run's profiles and measurements, predicted by this checkout's planner
         doc = json.loads(Path(args.from_json).read_text())
+        measured_commit = doc.get("measured_commit") or doc.get("commit")
         stored, args.batch = doc["configs"], doc["setup"]["batch_per_rank"]
         raws = {n: {k: stored[n][k] for k in ("profile", "profiles", "measured_rounds", "cluster") if k in stored[n]}
                 for n in names if n in stored}
@@ -215,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero_strategy.commands.provenance import source_commit
 
     result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), commit=source_commit(),
+                  measured_commit=measured_commit or source_commit(),  # --from-json: the stored run's
                   missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,
