@@ -70,24 +70,31 @@ def test_ordering_holds_within_five_percent_of_the_fastest_and_not_beyond():
     json.dumps(overall)  # the result is written as JSON
 
 
-def test_methods_predicted_identically_are_first_together_and_a_near_tie_is_not():
-    # hetero_auto keeping dense is hetero: both predicted 0.223 s; their runs measured 0.252 and
-    # 0.228 (noise). The planner has no order between them: either being fastest meets the goal.
-    # A prediction 1% apart is an order, and is held to it.
-    def config(auto_predicted: float) -> dict:
-        predicted = {"hetero": {"step_s": 0.223, "bytes_per_rank": 1.0},
-                     "hetero_auto": {"step_s": auto_predicted, "bytes_per_rank": 1.0},
-                     "ddp": {"step_s": 0.3, "bytes_per_rank": 1.0}}
+def test_one_run_predicted_twice_is_one_first_measured_as_the_median_of_both():
+    # hetero_auto keeping dense is hetero: the same codec, split and predicted 0.223 s; their runs
+    # measured 0.252 and 0.228 (noise). They are one first, measured as the median of both runs'
+    # rounds (0.240), not the better: 8% behind a third method at 0.222, though 0.228 is within 5%.
+    def config(auto: dict, third: float) -> dict:
+        predicted = {"hetero": {"step_s": 0.223, "bytes_per_rank": 1.0, "codec": "dense", "batch_sizes": [54, 10]},
+                     "hetero_auto": {"step_s": 0.223, "bytes_per_rank": 1.0, "codec": "dense",
+                                     "batch_sizes": [54, 10], **auto},
+                     "ddp": {"step_s": 0.3, "bytes_per_rank": 1.0, "codec": "dense", "batch_sizes": [32, 32]}}
         return compare(predicted, {"hetero": {"step_s": [0.252], "bytes_per_rank": [1.0]},
                                    "hetero_auto": {"step_s": [0.228], "bytes_per_rank": [1.0]},
-                                   "ddp": {"step_s": [0.32], "bytes_per_rank": [1.0]}})
+                                   "ddp": {"step_s": [third], "bytes_per_rank": [1.0]}})
 
-    tie, order = config(0.223), config(0.223 * 1.01)
+    tie = config({}, 0.32)
     assert tie["ranked_first_tied"] == ["hetero", "hetero_auto"] and tie["measured_fastest"] == "hetero_auto"
     assert tie["ranked_first_behind_fastest"] == 0.0 and tie["goals"]["ranked_first_within_5pct_of_fastest"]
-    assert order["ranked_first"] == "hetero" and order["ranked_first_tied"] == ["hetero"]
-    assert order["ranked_first_behind_fastest"] == pytest.approx(0.252 / 0.228 - 1)
-    assert not order["goals"]["ranked_first_within_5pct_of_fastest"]
+    beaten = config({}, 0.222)
+    assert beaten["ranked_first_behind_fastest"] == pytest.approx(0.240 / 0.222 - 1)
+    assert not beaten["goals"]["ranked_first_within_5pct_of_fastest"]
+    # a prediction 1% apart, or another codec at the same time, is an order the planner is held to
+    for other in ({"step_s": 0.223 * 1.01}, {"codec": "fp16"}):
+        order = config(other, 0.32)
+        assert order["ranked_first"] == "hetero" and order["ranked_first_tied"] == ["hetero"]
+        assert order["ranked_first_behind_fastest"] == pytest.approx(0.252 / 0.228 - 1)
+        assert not order["goals"]["ranked_first_within_5pct_of_fastest"]
 
 
 def test_a_profiles_timed_model_step_rates_the_ranks(tmp_path):
@@ -266,4 +273,5 @@ def test_from_json_predicts_a_stored_run_again_and_keeps_where_it_was_measured(t
     assert got["measured_commit"] == (stored.get("measured_commit") or stored["commit"])
     again, before = got["configs"]["2rank_100mbit"], stored["configs"]["2rank_100mbit"]
     assert again["measured_rounds"] == before["measured_rounds"]
-    assert set(again["methods"]) == set(before["methods"]) and again["ranked_first_tied"]
+    assert set(again["methods"]) == set(before["methods"])
+    assert again["ranked_first_tied"] == [again["ranked_first"]]  # five codecs: no two runs alike

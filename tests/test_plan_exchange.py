@@ -117,3 +117,44 @@ def test_a_single_process_profile_has_no_exchange():
     from hetero_strategy.balance.model_step import measure_model_step
 
     assert measure_model_step("test_plan_exchange:wide_linear", batch=4, steps=1, window_s=0.05)["exchange_cpu_s"] is None
+
+
+def test_the_measured_exchange_is_rescaled_to_the_planned_ring_and_floored_by_the_sweep(tmp_path):
+    """Four ranks (the two-rank mix twice): each rank's ring traffic is 2(W-1)/W = 1.5 payloads
+    against 1.0 at two ranks, so the 0.4-core rank pays 0.12 x 1.5 / 0.4 = 0.45 s. A measured
+    exchange of 0 (noise clamps a difference of two timings there) is not believed below the
+    all-reduce sweep's host share: that prediction is the one without any measured exchange."""
+    from hetero_strategy.balance.plan import predict
+    from hetero_strategy.cluster.model import describe_model
+    from hetero_strategy.cluster.spec import read_cluster
+
+    model = describe_model(SPEC)
+    four = read_cluster([_profile(tmp_path, [0.08, 0.16])]).replicated(2)
+    assert predict(four, model, 40, "dense").compute_s == pytest.approx(0.01 + 10 / 50 + 0.45)
+    zero = predict(read_cluster([_profile(tmp_path, [0.0, 0.0])]), model, 20, "dense")
+    unmeasured = predict(read_cluster([_profile(tmp_path, [None, None])]), model, 20, "dense")
+    assert zero.compute_s == pytest.approx(unmeasured.compute_s) and zero.step_s == pytest.approx(unmeasured.step_s)
+
+
+def test_a_profile_of_another_model_lends_it_no_exchange(tmp_path):
+    """The profile timed tiny_mlp; planning wide_linear from it uses the card-style estimates and
+    the sweep's rule, whatever tiny_mlp's exchange measured."""
+    from hetero_strategy.balance.plan import predict
+    from hetero_strategy.cluster.model import describe_model
+    from hetero_strategy.cluster.spec import read_cluster
+
+    other = describe_model("test_plan_exchange:wide_linear")
+    got = [predict(read_cluster([_profile(tmp_path, ex)]), other, 20, "dense") for ex in ([0.08, 0.16], [None, None])]
+    assert got[0].compute_s == pytest.approx(got[1].compute_s) and got[0].step_s == pytest.approx(got[1].step_s)
+
+
+def test_no_exchange_is_timed_over_nccl(monkeypatch):
+    """NCCL takes CUDA tensors only; the profile's model is on the CPU: no DDP over that group."""
+    import torch.distributed as dist
+
+    from hetero_strategy.balance.model_step import _ExchangeWindow
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
+    assert _ExchangeWindow.start(torch.nn.Linear(2, 2), torch.zeros(1, 2), 0.1) is None

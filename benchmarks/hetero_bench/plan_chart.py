@@ -21,7 +21,7 @@ def plan_table(result: dict[str, Any]) -> Any:
     for name, c in result["configs"].items():
         for m, v in c["methods"].items():
             spread = v["measured_step_spread_s"] or [0, 0]
-            mark = " (1st)" if m == c["ranked_first"] else ""
+            mark = " (1st)" if m in c.get("ranked_first_tied", [c["ranked_first"]]) else ""
             mark += " (fastest)" if m == c["measured_fastest"] else ""
             sent = v["measured_bytes_per_rank"]
             table.add_row(name, m + mark, str(v.get("codec", "")), f"{v['predicted_step_s']:.3f}",

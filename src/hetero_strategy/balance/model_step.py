@@ -11,11 +11,11 @@ timed apart and reported as ``optimizer_s``, part of the step's fixed cost. ``co
 what each codec's hook costs a step under DDP (:mod:`hetero_strategy.hooks.timing`, what a step pays):
 its CPU seconds over ``cpu_share``, the share of a core the timed windows got (CPU time over wall
 time: under a quota, 0.25 of a core's rank gets ~0.25), so a quota's 100 ms bursts do not blur it.
-With a group of two or more ranks up, ``exchange_cpu_s`` is what DDP's dense exchange over that
-group adds to a step in CPU seconds on this rank (the DDP step less the bare one, at the larger
-batch): on a CPU rank gloo reduces and copies on the core backward runs on, and the two threads
-disturb each other; on ResNet-18 at 0.57 of a core that measured 2-3x the all-reduce's own CPU
-time alone (docs/planner.md).
+With a gloo group of two or more ranks up, ``exchange_cpu_s`` is what DDP's dense exchange over
+that group adds to a step in CPU seconds on this rank (the DDP step less the bare one, at the
+larger batch, in windows taking turns with the bare ones; at least 0): on a CPU rank gloo reduces
+and copies on the core backward runs on, and the two threads disturb each other; on ResNet-18 on
+1.0 / 0.57 of a core that measured 1.0-2.2x the all-reduce's own CPU time alone (docs/planner.md).
 
 Example::
 
@@ -103,6 +103,9 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
         if exchange is not None:  # NOTE: not in ``spent``: its waits for peers are no quota's
             exchange.run()
     busy_until_all_arrive(untimed)
+    exchange_cpu_s = None if exchange is None else \
+        max(0.0, statistics.median(exchange.cpu_per_step) - statistics.median(cpu_per_step))
+    del exchange  # NOTE: the DDP copy and its buckets, before the hooks' own copies are timed
     cost = fit_step_cost([(b, statistics.median(w)) for b, w in zip(sizes, windows)]) if len(sizes) > 1 else \
         StepCost(sizes[0] / statistics.median(windows[0]))
     share = min(1.0, spent[0] / spent[1]) if spent[1] > 0 and spent[0] > 0 else 1.0
@@ -112,8 +115,7 @@ def measure_model_step(spec: str, batch: int, steps: int = 3, window_s: float = 
             "optimizer_s": _optimizer_seconds(model, steps), "codec_s": codec_seconds(model),
             "cpu_share": share,
             "hook_s": {k: v / share for k, v in hook_seconds(model, varied(batches[0]), model_loss, HOOK_LABELS).items()},
-            "exchange_cpu_s": None if exchange is None else
-            max(0.0, statistics.median(exchange.cpu_per_step) - statistics.median(cpu_per_step))}
+            "exchange_cpu_s": exchange_cpu_s}
 
 
 class _ExchangeWindow:
@@ -127,7 +129,8 @@ class _ExchangeWindow:
 
     @classmethod
     def start(cls, model: torch.nn.Module, batch: Any, window_s: float) -> _ExchangeWindow | None:
-        """None without a process group of two or more ranks."""
+        """None without a gloo group of two or more ranks (the model is on the CPU, which NCCL
+        cannot exchange; the planner uses the figure on CPU ranks only)."""
         import copy
 
         import torch.distributed as dist
@@ -135,7 +138,8 @@ class _ExchangeWindow:
 
         from hetero_strategy.dist import all_gather_floats
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 \
+                or dist.get_backend() != "gloo":
             return None
         window = cls(DistributedDataParallel(copy.deepcopy(model)), batch, 1)
         window.run()  # DDP rebuilds its buckets in the order of the first backward's gradients

@@ -136,7 +136,7 @@ def _method(cluster: PlanCluster, model: ModelCost, global_batch: int, candidate
 
     comm = exchange(buckets)
     reduction = reduction_seconds(candidate, buckets, w, link, cluster)
-    host_work = on_core(cluster, candidate, buckets, reduction)
+    host_work = on_core(cluster, model, candidate, buckets, reduction)
     work = [x + y for x, y in zip(per_rank(cluster, lambda r: codec_seconds(candidate, r, model, cluster.efficiency)),
                                   host_work)]
     if even:

@@ -11,7 +11,7 @@ from hetero_strategy.balance.probe import StepCost
 from hetero_strategy.cluster.cost import Link, collective_seconds
 from hetero_strategy.cluster.model import ModelCost
 from hetero_strategy.cluster.spec import PlanCluster, RankDevice
-from hetero_strategy.cluster.wire import collectives
+from hetero_strategy.cluster.wire import collectives, ring_traffic
 from hetero_strategy.hooks.auto import Candidate
 
 __all__ = ["CODEC_BYTES_PER_ENTRY", "codec_seconds", "exchange_on_core", "half_ratio", "matmul_efficiency", "on_core",
@@ -109,30 +109,34 @@ def reduction_seconds(candidate: Candidate, buckets: list, world: int, link, clu
                                                            Link(link.bytes_per_s))
 
 
-def on_core(cluster: PlanCluster, candidate: Candidate, buckets: list, host_s: float) -> list[float]:
+def on_core(cluster: PlanCluster, model: ModelCost, candidate: Candidate, buckets: list, host_s: float) -> list[float]:
     """Each rank's seconds of the exchange's host work on its own core. On a gloo cluster of CPU
     ranks of at most one core each (every ``cpu_share`` known and below 1), gloo reduces and copies
-    on the core backward needs, so backward cannot hide it. Where every rank's profile measured
-    DDP's dense exchange (``exchange_cpu_s``), a rank pays the ranks' mean CPU seconds of it at its
-    share of a core, less DDP's bucket copies (already in its codec work, ``hook_s["dense"]``),
-    scaled to the entries ``candidate`` reduces: it holds what the all-reduce's own figure misses,
-    the two threads disturbing each other on one core.
-    Else ``host_s`` (the sweep's host share, :func:`reduction_seconds`), paid at the slowest share
-    as the collective measured it, faster by x slowest / its share on a rank with more. Zero
-    elsewhere (a rank reading a whole core may have more, where the reduction need not wait for
-    backward)."""
+    on the core backward needs, so backward cannot hide it.
+
+    The sweep's rule: ``host_s`` (the all-reduce sweep's host share, :func:`reduction_seconds`),
+    paid at the slowest share as the collective measured it, faster by x slowest / its share on a
+    rank with more. Where every rank's profile timed ``model`` and measured DDP's dense exchange
+    (``exchange_cpu_s``, per unit of ring traffic) and the sweep's link share is known, a rank
+    pays the ranks' mean of it x this ring's 2(W-1)/W at its share of a core, less DDP's bucket
+    copies (in its codec work already, ``hook_s["dense"]``), scaled to the entries ``candidate``
+    reduces, and never less than the sweep's rule: it holds what the all-reduce's own figure
+    misses, backward's thread and gloo's disturbing each other on one core. Zero elsewhere (a rank
+    reading a whole core may have more, where the reduction need not wait for backward)."""
     if not exchange_on_core(cluster):
         return [0.0] * cluster.world
-    if all(r.exchange_cpu_s is not None for r in cluster.ranks):
-        ratio = _reduced(candidate, buckets, cluster.world) / max(_reduced(Candidate("dense"), buckets, cluster.world), 1.0)
-        # NOTE: the ring reduces and copies as many bytes on every rank: one figure, the ranks' mean
-        # CPU seconds, each paying it at its share. Each rank's own is a difference of two timings;
-        # apart, the 0.57-core rank's read 1.1-2.1x the whole core's in five profiles, and the
-        # split followed that noise as far as 62/2 (51/13 from the profile that read them alike)
-        cpu = sum(r.exchange_cpu_s for r in cluster.ranks) / cluster.world
-        return per_rank(cluster, lambda r: max(0.0, cpu / r.cpu_share - dict(r.hook_s).get("dense", 0.0)) * ratio)
     shares = [r.cpu_share for r in cluster.ranks]
-    return [host_s * min(shares) / s for s in shares]
+    sweep = [host_s * min(shares) / s for s in shares]
+    if cluster.wire_share is None or not all(r.exchange_cpu_s is not None and timed(r, model) for r in cluster.ranks):
+        return sweep
+    ratio = _reduced(candidate, buckets, cluster.world) / max(_reduced(Candidate("dense"), buckets, cluster.world), 1.0)
+    # NOTE: the ring reduces and copies as many bytes on every rank: one figure, the ranks' mean CPU
+    # seconds, each paying it at its share. Each rank's own is a difference of two timings; apart,
+    # the 0.57-core rank's read 1.1-2.1x the whole core's in five profiles, and the split followed
+    # that noise as far as [62, 2] ([51, 13] from the profile that read them alike)
+    cpu = sum(r.exchange_cpu_s for r in cluster.ranks) / cluster.world * ring_traffic("all_reduce", cluster.world)[0]
+    measured = per_rank(cluster, lambda r: max(0.0, cpu / r.cpu_share - dict(r.hook_s).get("dense", 0.0)) * ratio)
+    return [max(m, s) for m, s in zip(measured, sweep)]
 
 
 def exchange_on_core(cluster: PlanCluster) -> bool:

@@ -26,12 +26,10 @@ a millisecond, one step of a large one. Two cgroup-quota periods of the emulated
 so a throttled rank's windows all see its quota."""
 PROBE_SPREAD = 0.05
 """The probe times more windows (up to 3x ``probe_steps``) while a rank's spread exceeds this."""
-PROBE_MAX_S = 5.0
-"""...and while the timed windows have lasted less than this on every rank. A model whose step
-takes 0.1-0.3 s (bench balance's ResNet-18 on 1.0 / 0.57 of a core) had used up 0.3 s within its
-first rounds, so a noisy probe was never extended, and the static split of that cluster spread
-from [76, 52] to [104, 24] between launches (docs/benchmarks.md). 5 s bounds the cost at start-up;
-a quiet probe, or one of a small model, stops long before."""
+PROBE_MAX_S = 0.3
+"""...and while the timed windows have lasted less than this on every rank. (5 s, tried at c840c07,
+did not narrow the static split of bench balance's 1.0 / 0.57 cluster: [84, 44] to [111, 17]
+across five launches, against [76, 52] to [104, 24] before; docs/benchmarks.md.)"""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ from typing import Any
 
 from hetero_strategy.cluster.cards import load_cards
 from hetero_strategy.cluster.cost import Link, Topology
+from hetero_strategy.cluster.profile_link import measured_link, wire_share
 from hetero_strategy.cluster.tiers import classify_tier, parse_rate
+from hetero_strategy.cluster.wire import ring_traffic
 from hetero_strategy.config.errors import ConfigError, _number, _whole, shown
 
 __all__ = ["PlanCluster", "RankDevice", "read_cluster"]
@@ -69,7 +71,8 @@ class RankDevice:
     """A CPU rank's share of a core, as its profile's timed windows got it (``model_step.cpu_share``:
     under a quota, 0.57 of a core reads ~0.57); None for an accelerator or where not measured."""
     exchange_cpu_s: float | None = None
-    """A CPU rank's CPU seconds per step of DDP's dense exchange over the job's group, as profiled."""
+    """A CPU rank's CPU seconds per step of DDP's dense exchange, as profiled (the DDP step less the
+    bare one), over its ring's traffic factor 2(W-1)/W there: per unit of it; None where not measured."""
 
 
 @dataclass(frozen=True)
@@ -156,13 +159,13 @@ class _Node:
             if name is not None and name not in cards:
                 _refuse(f"{self.where}.devices[{i}]", name, f"unknown card; choose one of {', '.join(cards)}, "
                         "or give a profile: measured on it")
-            out.append(_rank(cards.get(name), m, node, fixed_s))
+            out.append(_rank(cards.get(name), m, node, fixed_s, len(devices)))
         return out
 
     def _link(self, key: str, value: Any, measured: list[dict] | None) -> Link:
         links = load_cards().links
         if value is None and self.doc is not None:
-            return _measured_link(self.doc)
+            return measured_link(self.doc)
         if isinstance(value, str) and value in links:
             return links[value]
         try:  # NOTE: a bare rate gets a typical Ethernet latency; name a link kind for another
@@ -176,8 +179,9 @@ def _refuse(where: str, value: Any, fix: str) -> None:
     raise ConfigError(f"{where}={shown(value)} is invalid: {fix}")
 
 
-def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDevice:
-    """A rank from the table's card and/or a profile's rank entry (measured figures win)."""
+def _rank(card: Any, measured: dict | None, node: str, fixed_s: float, world: int) -> RankDevice:
+    """A rank from the table's card and/or a profile's rank entry (measured figures win) of a
+    profile of ``world`` ranks."""
     if measured is None:
         return RankDevice(node, card.name, card.dtype, card.peak_tflops(), card.memory_gbps, card.tflops["fp32"],
                           fixed_s, memory_bytes=card.memory_gb * 2**30)
@@ -202,44 +206,14 @@ def _rank(card: Any, measured: dict | None, node: str, fixed_s: float) -> RankDe
     share = float(share) if _number(share) and share > 0 else None
     return RankDevice(node, name, dtype, float(tflops), float(mem), float(fp32), fixed_s, True, timed,
                       _seconds(step, "codec_s", timed), _seconds(step, "hook_s", timed), held, share,
-                      float(exchange) if share and _number(exchange) and exchange >= 0 else None)
+                      float(exchange) / ring_traffic("all_reduce", max(world, 2))[0]
+                      if share and _number(exchange) and exchange >= 0 else None)
 
 
 def _seconds(step: Any, key: str, timed: Any) -> tuple[tuple[str, float], ...]:
     """A profile's {label: seconds} table under ``model_step[key]`` (empty where absent)."""
     table = step.get(key) if timed is not None else None
     return tuple((k, float(v)) for k, v in table.items() if _number(v) and v >= 0) if isinstance(table, dict) else ()
-
-
-def _measured_link(doc: dict) -> Link:
-    """A profile's link: what its largest all-reduce measured (the collective the cost model times,
-    with the reduction's own work in it, which on gloo is CPU time), else its slowest rank's
-    point-to-point bandwidth. Its latency: the smallest all-reduce's mean time, spread over the
-    ring's hops; NOTE: the mean, not the latency probe's median: a step's collectives also wait
-    for peers that the scheduler has paused (a CPU quota's period, another process), and the
-    sweep's mean pays that as they do. The probe's median stands in where there is no sweep."""
-    ranks = doc["ranks"]
-    hops = 2 * max(len(ranks) - 1, 1)
-    latency = [(r.get("latency_us") or {}).get("p50_us") for r in ranks]
-    latency = [x for x in latency if _number(x)]
-    latency_s = max(latency) * 1e-6 if latency else 20e-6 * hops
-    sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("algbw_gbit_s"))]
-    if sweep and len(ranks) > 1:
-        smallest = min(sweep, key=lambda row: row.get("bytes") or 0)
-        latency_s = max(latency_s, smallest["time_s"]) if _number(smallest.get("time_s")) else latency_s
-        biggest = max(sweep, key=lambda row: row.get("bytes") or 0)
-        return Link.from_allreduce(biggest["algbw_gbit_s"] * 1e9 / 8, len(ranks), latency_s)
-    gbit = [r["bandwidth_gbit_s"] for r in ranks if r.get("bandwidth_gbit_s")]
-    return Link(min(gbit) * 1e9 / 8 if gbit else 1e9 / 8, latency_s / hops)
-
-
-def _wire_share(doc: dict) -> float | None:
-    """busbw of the largest all-reduce / the slowest rank's point-to-point bandwidth, at most 1."""
-    sweep = [row for row in doc.get("allreduce") or [] if isinstance(row, dict) and _number(row.get("busbw_gbit_s"))]
-    p2p = [r.get("bandwidth_gbit_s") for r in doc["ranks"]]
-    if not sweep or not all(_number(b) and b > 0 for b in p2p):
-        return None
-    return min(1.0, max(sweep, key=lambda row: row.get("bytes") or 0)["busbw_gbit_s"] / min(p2p))
 
 
 def read_cluster(paths: list[str]) -> PlanCluster:
@@ -273,7 +247,7 @@ def read_cluster(paths: list[str]) -> PlanCluster:
 
 def _assemble(nodes: list[_Node], settings: dict[str, Any]) -> PlanCluster:
     docs = [n.doc for n in nodes if n.doc is not None]
-    shares = [s for s in (_wire_share(d) for d in docs) if s is not None]
+    shares = [s for s in (wire_share(d) for d in docs) if s is not None]
     wire = min(shares) if shares else None
     # NOTE: CPUs too, for the link's part; the host's part is on each CPU rank's core (plan_ranks.on_core)
     eff = settings.get("efficiency", 0.4)
