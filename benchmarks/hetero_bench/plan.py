@@ -216,8 +216,9 @@ def run(args: argparse.Namespace) -> int:
     result = summarise(configs)
     from hetero_strategy.commands.provenance import source_commit
 
-    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), commit=source_commit(),
-                  measured_commit=measured_commit or source_commit(),  # --from-json: the stored run's
+    commit = source_commit()
+    result.update(wall_s=time.perf_counter() - started, command=" ".join(sys.argv), commit=commit,
+                  measured_commit=measured_commit or commit,  # --from-json: the stored run's
                   missing=[n for n in names if n not in raws],
                   setup={"batch_per_rank": args.batch, "rounds": args.rounds, "steps": args.steps,
                          "measure_last": args.measure, "profile_max_bytes": args.profile_bytes,

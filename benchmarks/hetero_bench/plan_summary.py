@@ -119,7 +119,7 @@ def compare(predicted: dict[str, dict[str, Any]], measured: dict[str, dict[str, 
     # NOTE: methods the planner predicts as one run (hetero_auto keeping dense is hetero: codec,
     # split and time alike) are one first: measured as the median of all their rounds, not the
     # best of them, against every other method
-    joint = statistics.median(x for m in tied for x in measured[m]["step_s"])
+    joint, _ = _median([x for m in tied for x in measured[m]["step_s"]])
     others = [methods[m]["measured_step_s"] for m in methods if m not in tied]
     behind = joint / min([joint, *others]) - 1.0
     steps = [abs(v["step_error"]) for v in methods.values() if v["step_error"] is not None]
