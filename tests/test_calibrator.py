@@ -277,16 +277,17 @@ def test_online_balancer_gathers_compute_batch_and_the_slowest_wall(monkeypatch)
         def set_batch_sizes(self, sizes, from_step):
             pass
 
-    other = {5: (0.30, 30.0, 0.50), 6: (0.31, 30.0, float("nan"))}  # rank 1: (compute, batch, wall)
+    # rank 1: (compute, batch, wall, exchange gap)
+    other = {5: (0.30, 30.0, 0.50, 0.05), 6: (0.31, 30.0, float("nan"), 0.04)}
     monkeypatch.setattr(online, "all_gather_floats", lambda mine: [
         mine, [x for s in sorted(other) for x in other[s]]])
     cal = Calibrator(_cfg(cold_start_steps=5, recalibrate_every=2), [34, 30])
     balancer = OnlineBalancer(cal, _Sampler())
-    assert balancer.step_end(5, 0.20, 34, 0.45) is None  # not a decision step: nothing gathered yet
-    balancer.step_end(6, 0.21, 34)  # rank 0 without a wall time
+    assert balancer.step_end(5, 0.20, 34, 0.45, 0.12) is None  # not a decision step: nothing gathered yet
+    balancer.step_end(6, 0.21, 34)  # rank 0 without a wall time or a gap
     rows = list(cal.rows)
-    assert rows[0] == ((0.20, 0.30), (34, 30), 0.50)
-    assert rows[1][:2] == ((0.21, 0.31), (34, 30)) and math.isnan(rows[1][2])
+    assert rows[0] == ((0.20, 0.30), (34, 30), 0.50, ((0.45, 0.50), (0.12, 0.05)))
+    assert rows[1][:2] == ((0.21, 0.31), (34, 30)) and math.isnan(rows[1][2]) and rows[1][3] is None
 
 
 def test_a_contradicted_verdict_does_not_freeze_later_moves():

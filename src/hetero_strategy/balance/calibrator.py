@@ -10,9 +10,15 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 2. Speed s_r = b_r / (median(compute time of r) - f_r): the median shrugs off one-off stalls (GC,
    I/O); f_r is the rank's fixed cost per step from the start-up probe's affine fit
    (``fixed_s``; 0 without one), the same step-cost model the static plan used.
-3. Target: the sizes at which f_r + b_r / s_r is equal on every rank, summing to G, each >= 1
-   (with all f_r = 0, sizes proportional to speed). Without f_r a rank with a large fixed cost
-   looks slower per sample than it is, and the split overshoots away from it.
+3. Target: the sizes at which f_r + a_r + b_r / s_r is equal on every rank, summing to G, each
+   >= 1 (with all f_r, a_r = 0, sizes proportional to speed). Without f_r a rank with a large
+   fixed cost looks slower per sample than it is, and the split overshoots away from it. a_r is
+   the median of the rank's own work after its last gradient, where the rows carry it (the
+   runtime's ``after_backward``: the exchange's tail it computes itself and the optimizer's step,
+   without waiting for peers). On one CPU core per rank that tail is the exchange's work at the
+   rank's speed: a slow rank pays it slower, and a split that equalises compute alone leaves it the
+   last to finish (bench balance's 1.0 / 0.57 cluster: 4-9 samples on the slow side of the best
+   split). Where the exchange runs elsewhere (a GPU's NCCL) a_r is not measured and counts 0.
 4. Move from the current sizes toward the target by the largest fraction lam <= 1 that keeps every
    rank within +-max_change of its current size (at least one sample). Sizes and target both sum
    to G, so every point on the way does too.
@@ -56,6 +62,10 @@ from hetero_strategy.config import CalibrationConfig
 
 __all__ = ["Calibrator"]
 
+# A row: per-rank compute times, per-rank sizes, the step's wall time (or nan), per-rank own work
+# after the last gradient (or None).
+_Row = tuple[tuple[float, ...], tuple[int, ...], float, tuple[float, ...] | None]
+
 # Decisions whose predicted finishing times already agree within this spread change nothing: a
 # +-1 sample jitter from timing noise would only churn the plan.
 _DEADBAND = 0.02
@@ -89,8 +99,7 @@ class Calibrator:
         self.config = config
         self.sizes: list[int] = sizes
         self.global_batch = sum(sizes)
-        # (per-rank compute times, per-rank sizes, the step's wall time or nan)
-        self.rows: deque[tuple[tuple[float, ...], tuple[int, ...], float]] = deque(maxlen=config.window)
+        self.rows: deque[_Row] = deque(maxlen=config.window)
         self.decisions: list[tuple[int, list[int]]] = []  # (step, new sizes), for logs and tests
         self.measured: dict[tuple[int, ...], tuple[float, float]] = {}  # plan -> (median step time, its spread)
         # (undone plan, the fastest plan it lost to, decision count when the rejection expires)
@@ -99,13 +108,14 @@ class Calibrator:
         self._strikes: dict[tuple[int, ...], int] = {}  # plan -> times undone (the latest 32 plans)
 
     def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int],
-                step_s: float | None = None) -> list[int] | None:
+                step_s: float | None = None, per_rank_after_s: Sequence[float] | None = None) -> list[int] | None:
         """Record step ``step``'s timings; returns the new sizes when a decision changes them.
 
         ``per_rank_batch`` are the sizes this step really ran with (the strategy applies a decision
         from a later step, so rows from before it took effect are recognised and skipped).
         ``step_s`` is the step's measured time (the slowest rank's, communication included); without
-        it plans are chosen by the compute model alone.
+        it plans are chosen by the compute model alone. ``per_rank_after_s``, each rank's own work
+        after its last gradient (step 3 above; a row counts it only where every rank measured it).
         """
         n = len(self.sizes)
         if len(per_rank_compute_s) != n or len(per_rank_batch) != n:
@@ -117,8 +127,11 @@ class Calibrator:
         times = tuple(float(t) for t in per_rank_compute_s)
         batch = tuple(int(b) for b in per_rank_batch)
         wall = float(step_s) if step_s is not None and math.isfinite(step_s) and step_s > 0 else math.nan
+        after = None if per_rank_after_s is None else tuple(float(a) for a in per_rank_after_s)
+        if after is not None and (len(after) != n or not all(math.isfinite(a) and a >= 0 for a in after)):
+            after = None
         if all(math.isfinite(t) and t > 0 for t in times) and sum(batch) == self.global_batch:
-            self.rows.append((times, batch, wall))
+            self.rows.append((times, batch, wall, after))
         if (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every != 0:
             return None
         new = self._decide()
@@ -130,7 +143,7 @@ class Calibrator:
 
     def _decide(self) -> list[int] | None:
         current = tuple(self.sizes)
-        rows = [t for t, b, _ in self.rows if b == current]
+        rows = [r[0] for r in self.rows if r[1] == current]
         if len(rows) < _MIN_ROWS:
             return None
         self._decision_count += 1
@@ -140,7 +153,9 @@ class Calibrator:
             return self._move_toward(best)
         n = len(current)
         median = [statistics.median(r[k] for r in rows) for k in range(n)]
-        if (max(median) - min(median)) / max(median) <= _DEADBAND:
+        after = self._after_backward()
+        finish = [m + a for m, a in zip(median, after)]
+        if (max(finish) - min(finish)) / max(finish) <= _DEADBAND:
             return None
         # NOTE: a probed fixed cost above half the measured step is not believed (the probe ran on
         # other batch sizes, maybe a cold cache); it would make the per-sample speed explode.
@@ -148,9 +163,15 @@ class Calibrator:
         speed = [current[k] / (median[k] - fixed[k]) for k in range(n)]
         # Target in whole samples with every rank >= 1 (a continuous target below 1 would pin a
         # rank at its floor and block every move).
-        new = self._move_toward(split_batch_timed(self.global_batch, speed, fixed,
+        new = self._move_toward(split_batch_timed(self.global_batch, speed, [f + a for f, a in zip(fixed, after)],
                                                   min_per_rank=least_share(self.global_batch, n)))
         return None if self._blocked(new) else new
+
+    def _after_backward(self) -> list[float]:
+        """Each rank's median own work after its last gradient over the window's rows (every plan's:
+        it does not grow with the batch); zeros where no row carries it."""
+        rows = [r[3] for r in self.rows if r[3] is not None]
+        return [statistics.median(a[k] for a in rows) if rows else 0.0 for k in range(len(self.sizes))]
 
     def _move_toward(self, target: Sequence[float]) -> list[int]:
         """The largest step from the current sizes toward ``target`` that keeps every rank within
@@ -180,7 +201,7 @@ class Calibrator:
 
     def _fastest_if_slower(self, current: tuple[int, ...]) -> tuple[int, ...] | None:
         """Record the current plan's measured step time; the fastest plan if this one is slower."""
-        walls = [w for _, b, w in self.rows if b == current and not math.isnan(w)]
+        walls = [r[2] for r in self.rows if r[1] == current and not math.isnan(r[2])]
         if len(walls) < _MIN_ROWS:
             return None
         # the median's noise, not one step's: about 1.86 x half the IQR / sqrt(n) for normal noise
@@ -210,7 +231,8 @@ class Calibrator:
 
     # ---- checkpointing -----------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "rows": [[list(t), list(b), w] for t, b, w in self.rows],
+        return {"sizes": list(self.sizes),
+                "rows": [[list(t), list(b), w, list(a) if a else None] for t, b, w, a in self.rows],
                 "decisions": [[s, list(d)] for s, d in self.decisions],
                 "measured": [[list(p), t, spread] for p, (t, spread) in self.measured.items()],
                 "rejected": [[list(p), list(b), e] for p, b, e in self.rejected],
@@ -224,7 +246,9 @@ class Calibrator:
         self.sizes = sizes
         self.rows.clear()
         self.rows.extend((tuple(float(x) for x in row[0]), tuple(int(x) for x in row[1]),
-                          float(row[2]) if len(row) > 2 else math.nan) for row in state["rows"])
+                          float(row[2]) if len(row) > 2 else math.nan,
+                          tuple(float(x) for x in row[3]) if len(row) > 3 and row[3] is not None else None)
+                         for row in state["rows"])
         self.decisions = [(int(s), [int(x) for x in d]) for s, d in state.get("decisions", [])]
         # (a state from before the spread was kept compares its plans with the least band)
         self.measured = {tuple(int(x) for x in m[0]): (float(m[1]), float(m[2]) if len(m) > 2 else 0.0)

@@ -36,34 +36,35 @@ class OnlineBalancer:
         # micro-batches per optimizer step: a new split starts with an accumulation window, since
         # the comm hook weights a window's summed gradient by its last micro-batch's b_r / G
         self.accumulate = max(1, int(accumulate))
-        self._pending: list[tuple[int, float, int, float]] = []  # (step, compute_s, local batch, step_s)
+        # (step, compute_s, local batch, step_s, own work after the last gradient)
+        self._pending: list[tuple[int, float, int, float, float]] = []
 
     def decision_due(self, step: int) -> bool:
         cfg = self.calibrator.config
         return step >= cfg.cold_start_steps and (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every == 0
 
-    def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float | None = None
-                 ) -> list[int] | None:
+    def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float | None = None,
+                 after_s: float | None = None) -> list[int] | None:
         """Record this rank's step; at a decision step, gather all ranks' rows and decide.
 
         ``step_s`` is this rank's whole step (communication included); the slowest rank's is the
-        step's time, which the calibrator compares between plans.
+        step's time, which the calibrator compares between plans. ``after_s``: this rank's own work
+        after its last gradient (:class:`~hetero_strategy.runtime.timer.StepTimer`'s
+        ``after_backward``; None or nan: not measured), which the calibrator adds to its compute.
 
         Returns the new sizes (scheduled from the first step the sampler has not yielded yet) or None.
         """
         if step >= self.calibrator.config.cold_start_steps:
-            self._pending.append((step, compute_s, local_batch, math.nan if step_s is None else float(step_s)))
+            self._pending.append((step, compute_s, local_batch, _float(step_s), _float(after_s)))
         if not self.decision_due(step):
             return None
-        mine = [x for _, t, b, w in self._pending for x in (t, float(b), w)]
-        rows = all_gather_floats(mine)  # every rank: [t0, b0, w0, t1, b1, w1, ...] for the same steps
+        mine = [x for _, t, b, w, a in self._pending for x in (t, float(b), w, a)]
+        rows = all_gather_floats(mine)  # every rank: [t0, b0, w0, a0, t1, b1, ...] for the same steps
         decision = None
-        for i, (s, _, _, _) in enumerate(self._pending):
-            times = [row[3 * i] for row in rows]
-            batches = [int(row[3 * i + 1]) for row in rows]
-            walls = [row[3 * i + 2] for row in rows]
+        for i, (s, *_) in enumerate(self._pending):
+            times, batches, walls, after = ([row[4 * i + k] for row in rows] for k in range(4))
             wall = math.nan if any(math.isnan(w) for w in walls) else max(walls)
-            decision = self.calibrator.observe(s, times, batches, wall) or decision
+            decision = self.calibrator.observe(s, times, [int(b) for b in batches], wall, after) or decision
         self._pending.clear()
         if decision is not None:
             self.sampler.set_batch_sizes(decision, from_step=self._window_start(self.sampler.next_unyielded_step()))
@@ -82,5 +83,12 @@ class OnlineBalancer:
 
     def load_state_dict(self, state: dict) -> None:
         self.calibrator.load_state_dict(state["calibrator"])
-        self._pending = [(int(r[0]), float(r[1]), int(r[2]), float(r[3]) if len(r) > 3 else math.nan)
-                         for r in state.get("pending", [])]
+        def row(r: list) -> tuple[int, float, int, float, float]:  # older states lack the last one or two
+            wall, after = ([float(x) for x in r[3:5]] + [math.nan, math.nan])[:2]
+            return int(r[0]), float(r[1]), int(r[2]), wall, after
+
+        self._pending = [row(r) for r in state.get("pending", [])]
+
+
+def _float(value: float | None) -> float:
+    return math.nan if value is None else float(value)

@@ -39,6 +39,7 @@ class WeightedReduceState:
         "_acc_sent",
         # stats
         "last_hook_time",
+        "last_hook_cpu",
         "last_bytes_sent",
         "last_bytes_received",
     ]
@@ -55,6 +56,7 @@ class WeightedReduceState:
         self.weight = 1.0 / world
         self.step = 0
         self.last_hook_time: float | None = None
+        self.last_hook_cpu: float | None = None  # this process's CPU seconds then (CPU buckets only)
         self._acc_sent = self.last_bytes_sent = self.last_bytes_received = 0  # wire bytes of the last step
 
     def set_local_batch(self, local_samples: int, global_samples: int) -> None:
@@ -77,6 +79,9 @@ class WeightedReduceState:
         """Note when a bucket became ready; the last one marks the end of this rank's backward."""
         if bucket.is_last():
             self.last_hook_time = time.perf_counter()
+            # NOTE: CPU time tells a CPU rank's own work from its waiting (gloo blocks without
+            # spinning); on a GPU the host's CPU time measures neither
+            self.last_hook_cpu = time.process_time() if bucket.buffer().device.type == "cpu" else None
             self.step += 1
 
     def state_dict(self) -> dict:

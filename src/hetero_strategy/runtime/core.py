@@ -190,7 +190,7 @@ class HeteroRuntime(TrainingEvents):
     def _close_batch(self) -> None:
         # Compute ends when the last bucket reached the hook (the rest is waiting); no-sync: now.
         if self._batch_open:
-            self.timer.backward_end(getattr(self.hook_state, "last_hook_time", None))
+            self.timer.backward_end(self.hook_state)
             self._batch_open = False
 
     def step_end(self, step: int | None = None, samples: float | None = None) -> list[int] | None:
@@ -206,7 +206,8 @@ class HeteroRuntime(TrainingEvents):
         self.training.step_end(samples if samples is not None else self.local_batch or 1)
         if self.balancer is None:
             return None
-        new = self.balancer.step_end(step, self.timer.compute_time, self.local_batch, self.timer.step_time)
+        t = self.timer
+        new = self.balancer.step_end(step, t.compute_time, self.local_batch, t.step_time, t.after_backward)
         if new is not None:
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new

@@ -7,8 +7,10 @@ The figures it reports (balance) are defined in :mod:`hetero_strategy.runtime.me
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
+from typing import Any
 
 from hetero_strategy.dist import all_gather_floats
 from hetero_strategy.runtime.metrics import balance
@@ -21,6 +23,12 @@ class StepTimer:
 
     Compute ends when DDP hands the last gradient bucket to the comm hook (the rest of backward()
     is waiting for peers); on no-sync steps, when backward() returns.
+
+    ``after_backward`` is this rank's own work from its last gradient to the step's end (the
+    exchange's tail it computes itself, the optimizer's step), in wall seconds at the rank's
+    speed, without the wait for peers: its CPU seconds in that span times the wall seconds per CPU
+    second of its compute. Only where the hook notes CPU time (CPU buckets: a CPU rank's exchange
+    is its own core's work, and gloo waits without spinning); nan elsewhere.
     """
 
     def __init__(self) -> None:
@@ -28,6 +36,9 @@ class StepTimer:
         self.batch_start_time = 0.0
         self.compute_time = 0.0
         self.step_time = 0.0
+        self.after_backward = math.nan
+        self._cpu_start = self._compute_cpu = 0.0
+        self._hook_cpu: float | None = None
         self._compute_acc = 0.0
         self.history: list[tuple[float, float]] = []  # (compute_s, step_s) per optimizer step
         self.bytes_history: list[int] = []  # wire bytes this rank sent per optimizer step
@@ -35,17 +46,25 @@ class StepTimer:
 
     def batch_start(self) -> None:
         self.batch_start_time = time.perf_counter()
+        self._cpu_start = time.process_time()
         if self.window_start is None:
             self.window_start = self.batch_start_time
 
-    def backward_end(self, last_hook_time: float | None) -> None:
-        now = time.perf_counter()
-        end = last_hook_time if last_hook_time is not None and last_hook_time >= self.batch_start_time else now
-        self._compute_acc += end - self.batch_start_time
+    def backward_end(self, hook_state: Any = None) -> None:
+        """The batch's backward is over; ``hook_state`` (the comm hook's, or None) marks its last
+        gradient with ``last_hook_time`` and ``last_hook_cpu`` where this batch reached the hook."""
+        now, cpu = time.perf_counter(), time.process_time()
+        hooked, hooked_cpu = (getattr(hook_state, k, None) for k in ("last_hook_time", "last_hook_cpu"))
+        from_batch = hooked is not None and hooked >= self.batch_start_time
+        self._compute_acc += (hooked if from_batch else now) - self.batch_start_time
+        self._hook_cpu = hooked_cpu if from_batch and hooked_cpu is not None else None
+        self._compute_cpu += (self._hook_cpu if self._hook_cpu is not None else cpu) - self._cpu_start
 
     def step_end(self, bytes_sent: int = 0) -> None:
         now = time.perf_counter()
         self.compute_time = self._compute_acc
+        spent = time.process_time() - self._hook_cpu if self._hook_cpu is not None else math.nan
+        self.after_backward = spent * self.compute_time / self._compute_cpu if self._compute_cpu > 0 else math.nan
         self.step_time = now - (self.window_start if self.window_start is not None else now)
         self.history.append((self.compute_time, self.step_time))
         self.bytes_history.append(int(bytes_sent))
@@ -53,7 +72,8 @@ class StepTimer:
         del self.history[:-200]  # bounded: calibration uses at most the last 100 steps
         del self.bytes_history[:-200]
         del self.step_ends[:-200]
-        self._compute_acc = 0.0
+        self._compute_acc = self._compute_cpu = 0.0
+        self._hook_cpu = None
         self.window_start = None
 
     def gather_metrics(self, local_batch: int, extra: dict[str, float] | None = None) -> dict[str, float]:
