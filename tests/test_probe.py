@@ -141,3 +141,45 @@ def test_the_probe_times_what_each_method_exchanges():
         got = probe_exchange(CompressionConfig(method=method, base_density=0.01, compression_backend="torch"))
         assert got == ProbeExchange(dense=False, codec_density=0.01, codec_backend="torch")
     assert probe_exchange(CompressionConfig(method="fp16")) == ProbeExchange(dense=False)
+
+
+def _busy(seconds: float) -> None:
+    start = time.process_time()
+    while time.process_time() - start < seconds:  # CPU work, as a step's compute (bounded by seconds)
+        pass
+
+
+def _exchange_after_backward(rank: int, world_size: int) -> dict:
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from hetero_strategy.balance.timing import measure_steps
+    init_gloo(rank, world_size)
+    numel = 8_000_000
+
+    def step(start_comm) -> None:
+        if rank == 1:
+            _busy(0.2)  # rank 1 joins the exchange late: rank 0's backward is over by then
+        start_comm()
+        _busy(0.02)
+
+    (timed,) = measure_steps([step], steps=3, warmup=1, comm_numel=numel)
+    buf, cpu = torch.zeros(numel), []
+    for _ in range(3):  # the oracle: this rank's CPU seconds for the same all-reduce, nobody late
+        dist.barrier()
+        start = time.process_time()
+        dist.all_reduce(buf)
+        cpu.append(time.process_time() - start)
+    return {"seconds": timed.seconds, "exchange_cpu": statistics.median(cpu)}
+
+
+def test_on_cpu_the_exchange_done_after_backward_counts_and_the_wait_does_not():
+    # Rank 0's backward (20 ms of CPU) ends before its peer joins; the all-reduce's work then runs
+    # after its clock stopped. It is rank 0's own work (its CPU seconds, at about 1 wall second per
+    # CPU second here): counted, while the ~0.18 s wait for rank 1 is not.
+    results = run_distributed(_exchange_after_backward, 2, timeout=60)
+    own, exchange = results[0]["seconds"], results[0]["exchange_cpu"]
+    assert exchange >= 0.005, results
+    assert 0.02 + 0.3 * exchange <= own <= 0.02 + 2.5 * exchange + 0.02 and own < 0.15, results
