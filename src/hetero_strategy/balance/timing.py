@@ -29,9 +29,6 @@ __all__ = ["ProbeError", "StepTiming", "busy_until_all_arrive", "equal_within_no
 
 _MAX_REPS = 10_000
 """At most this many steps per window (a step function that does nothing must still end)."""
-_BUSY_FLOOR = 0.05
-"""A step using less CPU than this share of its wall time is not compute-bound (it sleeps, reads,
-waits): its CPU seconds say nothing of its pace, and its figure stays the wall time."""
 EQUAL_FLOOR = 0.03
 """The least relative noise assumed of any rank's figure: identical ranks on one machine differ by
 a few per cent from where their memory and caches sit, however long they are timed."""
@@ -99,8 +96,7 @@ def measure_steps(step_fns: Sequence[Callable[[Callable[[], None]], None]], step
     ``step_fn`` calls ``start_comm()`` where DDP's gradient exchange would begin (after the forward
     pass). With ``comm_numel`` > 0 that starts an all-reduce of as many float32 values (the
     gradient's size), waited for after the clock stops: the figure is this rank's compute while an
-    exchange competes with its backward pass, without the wait for slower peers; on CPU, with the
-    exchange's rest after backward (its CPU seconds at the step's wall seconds per CPU second). Every rank must
+    exchange competes with its backward pass, without the wait for slower peers. Every rank must
     call this with the same arguments (except the step functions).
 
     A step that raises on one rank (e.g. out of memory on the smallest device) does not leave the
@@ -109,12 +105,6 @@ def measure_steps(step_fns: Sequence[Callable[[Callable[[], None]], None]], step
     """
     comm = comm_numel > 0 and dist.is_initialized() and dist.get_world_size() > 1
     buf = torch.zeros(comm_numel, dtype=torch.float32, device=device) if comm else None
-    # NOTE: on CPU the exchange's rest after backward is this rank's own work too: a rank whose
-    # backward ended before its peer joined did it after the clock stopped, a slow one during its
-    # step, and which happened depended on the ranks' timing, so the fitted fixed cost (and the
-    # split) moved from one launch to the next. Its CPU seconds count it without the wait (gloo
-    # waits without spinning); on a GPU host CPU time says nothing of either.
-    busy = comm and (device is None or device.type == "cpu")
     failure: list[Exception] = []
 
     def window(step_fn: Callable[[Callable[[], None]], None], reps: int) -> float:
@@ -127,20 +117,17 @@ def measure_steps(step_fns: Sequence[Callable[[Callable[[], None]], None]], step
                     works.append(dist.all_reduce(buf, async_op=True))
 
             _sync()
-            t0, cpu0 = time.perf_counter(), time.process_time() if busy else 0.0
+            t0 = time.perf_counter()
             if not failure:
                 try:
                     step_fn(start_comm)
                     _sync()
                 except Exception as e:  # noqa: BLE001 - kept, and raised once every rank knows (_agree)
                     failure.append(e)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0 if busy else 0.0
+            total += time.perf_counter() - t0
             start_comm()  # a step that never called it must still join the collective
             for work in works:
                 work.wait()
-            if busy and cpu > _BUSY_FLOOR * wall:  # the CPU seconds to the exchange's end, at the step's pace
-                wall *= (time.process_time() - cpu0) / cpu
-            total += wall
         return total / reps
 
     first = [math.inf] * len(step_fns)
