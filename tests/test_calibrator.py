@@ -203,8 +203,9 @@ def test_a_move_the_measured_step_time_contradicts_is_undone(seed):
     """Compute says 'give rank 0 more' (1000 vs 570 samples/s), but past 150 samples rank 0's step
     pays 0.2 s the model cannot see (say, memory pressure). Starting from the probe's plan
     [150, 106], the calibrator tries the model's move, measures it slower and returns; a plan a
-    sample beside the undone one is not tried instead, and retries back off (10, 20, 40 decisions),
-    so 400 steps (39 decisions) see at most 3 tries. Without wall times it keeps the slower plan."""
+    sample beside the undone one is not tried instead, and retries back off (4, 8, 16, 32 decisions),
+    so 400 steps (39 decisions) see at most 5 tries (4 by the schedule; a way back of two moves
+    crosses the line twice). Without wall times it keeps the slower plan."""
     speeds, start = [1000.0, 570.0], [150, 106]
 
     def wall(sizes, times):
@@ -213,7 +214,7 @@ def test_a_move_the_measured_step_time_contradicts_is_undone(seed):
     cfg = _cfg(cold_start_steps=5, recalibrate_every=10, window=20)
     visits = _walled_drive(Calibrator(cfg, start), speeds, wall, steps=400, seed=seed)
     tries = sum(1 for a, b in itertools.pairwise(visits) if a[0] <= 150 < b[0])
-    assert 1 <= tries <= 3, tries
+    assert 1 <= tries <= 5, tries
     # each try lasts a period or two (the way back is taken +-max_change at a time)
     assert sum(v[0] > 150 for v in visits) <= tries * 20
     assert visits[-1] == tuple(start)
@@ -277,16 +278,16 @@ def test_online_balancer_gathers_compute_batch_and_the_slowest_wall(monkeypatch)
         def set_batch_sizes(self, sizes, from_step):
             pass
 
-    # rank 1: (compute, batch, wall, exchange gap)
+    # rank 1: (compute, batch, wall, own work after its last gradient)
     other = {5: (0.30, 30.0, 0.50, 0.05), 6: (0.31, 30.0, float("nan"), 0.04)}
     monkeypatch.setattr(online, "all_gather_floats", lambda mine: [
         mine, [x for s in sorted(other) for x in other[s]]])
     cal = Calibrator(_cfg(cold_start_steps=5, recalibrate_every=2), [34, 30])
     balancer = OnlineBalancer(cal, _Sampler())
     assert balancer.step_end(5, 0.20, 34, 0.45, 0.12) is None  # not a decision step: nothing gathered yet
-    balancer.step_end(6, 0.21, 34)  # rank 0 without a wall time or a gap
+    balancer.step_end(6, 0.21, 34)  # rank 0 without a wall time or the after part
     rows = list(cal.rows)
-    assert rows[0] == ((0.20, 0.30), (34, 30), 0.50, ((0.45, 0.50), (0.12, 0.05)))
+    assert rows[0] == ((0.20, 0.30), (34, 30), 0.50, (0.12, 0.05))
     assert rows[1][:2] == ((0.21, 0.31), (34, 30)) and math.isnan(rows[1][2]) and rows[1][3] is None
 
 

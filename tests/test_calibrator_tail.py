@@ -145,3 +145,20 @@ def test_a_resumed_calibrator_decides_as_an_uninterrupted_one():
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert head + drive(resumed, list(enumerate(steps))[32:]) == expected
     assert any(d is not None for d in expected) and resumed.sizes == whole.sizes
+
+
+def test_a_burst_of_slow_steps_does_not_freeze_a_short_run_at_equal_shares():
+    """The first right move from equal shares is measured during a burst of slow steps (a neighbour's
+    work: every rank 30% slower for 10 steps) and undone. The cluster is as before once it ends, so
+    the move must be tried again within the run (bench balance, 90 steps a decision each 10: a
+    round froze at [64, 64], 0.72 of the best split): within 90 steps it ends near the equal-time
+    split, about [83, 45]."""
+    speeds = [1000.0, 570.0]
+    cfg = CalibrationConfig(calibrate=True, cold_start_steps=4, recalibrate_every=10, window=20)
+    cal = Calibrator(cfg, [64, 64])
+    for step in range(90):
+        times = [b / s for b, s in zip(cal.sizes, speeds)]
+        burst = 1.3 if 16 <= step < 26 else 1.0
+        cal.observe(step, [t * burst for t in times], cal.sizes, max(times) * burst)
+    assert cal.decisions[1][1][0] < cal.decisions[0][1][0], cal.decisions  # the burst undid the first move
+    assert cal.sizes[0] >= 78, cal.decisions

@@ -74,9 +74,11 @@ _MIN_ROWS = 5
 # A plan whose median step is slower than the fastest measured plan's beyond both plans' noise
 # bands, each at least this wide, is undone.
 _WORSE = 0.01
-# Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted);
-# doubled each time the same plan is undone again, up to 2 ** _MAX_BACKOFF times.
-_FORGET_AFTER = 10
+# Decisions after which an undone plan may be tried again (the cluster's speeds may have drifted,
+# or a burst of slow steps made a right move look slower: bench balance's 90-step calibrated run
+# then stayed at equal shares with 10); doubled each time the same plan is undone again, up to
+# 2 ** _MAX_BACKOFF times.
+_FORGET_AFTER = 4
 _MAX_BACKOFF = 3
 
 
