@@ -278,17 +278,32 @@ def test_online_balancer_gathers_compute_batch_and_the_slowest_wall(monkeypatch)
         def set_batch_sizes(self, sizes, from_step):
             pass
 
-    # rank 1: (compute, batch, wall, own work after its last gradient)
-    other = {5: (0.30, 30.0, 0.50, 0.05), 6: (0.31, 30.0, float("nan"), 0.04)}
+    # rank 1: (compute, batch, wall, CPU seconds after its last gradient, compute's pace)
+    other = {5: (0.30, 30.0, 0.50, 0.05, 2.0), 6: (0.31, 30.0, float("nan"), 0.04, 2.0)}
     monkeypatch.setattr(online, "all_gather_floats", lambda mine: [
         mine, [x for s in sorted(other) for x in other[s]]])
     cal = Calibrator(_cfg(cold_start_steps=5, recalibrate_every=2), [34, 30])
     balancer = OnlineBalancer(cal, _Sampler())
-    assert balancer.step_end(5, 0.20, 34, 0.45, 0.12) is None  # not a decision step: nothing gathered yet
+    assert balancer.step_end(5, 0.20, 34, 0.45, 0.07, 1.0) is None  # not a decision step: nothing gathered yet
     balancer.step_end(6, 0.21, 34)  # rank 0 without a wall time or the after part
     rows = list(cal.rows)
-    assert rows[0] == ((0.20, 0.30), (34, 30), 0.50, (0.12, 0.05))
-    assert rows[1][:2] == ((0.21, 0.31), (34, 30)) and math.isnan(rows[1][2]) and rows[1][3] is None
+    # own work after backward: the ranks' mean CPU seconds (0.06) at each one's pace
+    assert rows[0][:3] == ((0.20, 0.30), (34, 30), 0.50) and rows[0][3] == pytest.approx((0.06, 0.12))
+    # rank 0 measured nothing: rank 1's own figure, rank 0's 0
+    assert rows[1][:2] == ((0.21, 0.31), (34, 30)) and math.isnan(rows[1][2]) and rows[1][3] == pytest.approx((0, 0.08))
+
+
+def test_pending_rows_of_older_states_still_load():
+    """Rows a checkpoint kept before the wall time (3 figures) or the after part (4) was gathered."""
+    from hetero_strategy.balance.online import OnlineBalancer
+
+    balancer = OnlineBalancer(Calibrator(_cfg(), [34, 30]), None)
+    balancer.load_state_dict({"calibrator": balancer.calibrator.state_dict(),
+                              "pending": [[11, 0.2, 34], [12, 0.21, 34, 0.45], [13, 0.2, 34, 0.4, 0.05, 1.5]]})
+    rows = balancer._pending
+    assert rows[2] == (13, 0.2, 34, 0.4, 0.05, 1.5)
+    assert rows[0][:3] == (11, 0.2, 34) and all(math.isnan(x) for x in rows[0][3:])
+    assert rows[1][:4] == (12, 0.21, 34, 0.45) and all(math.isnan(x) for x in rows[1][4:])
 
 
 def test_a_contradicted_verdict_does_not_freeze_later_moves():

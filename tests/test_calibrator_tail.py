@@ -26,17 +26,18 @@ class _Cluster:
         self.shares, self.per_sample_s = shares, per_sample_s
         self.tail = [tail_cpu_s / s if tail_on_core else tail_cpu_s for s in shares]
         self.opt = [opt_cpu_s / s for s in shares]
-        self.tail_on_core = tail_on_core
+        self.tail_on_core, self.tail_cpu_s, self.opt_cpu_s = tail_on_core, tail_cpu_s, opt_cpu_s
 
     def cycle(self, sizes, noise=None):
-        """(step time, per-rank compute, per-rank own work after the last gradient) at ``sizes``."""
+        """(step time, per-rank compute, per-rank CPU seconds after the last gradient, per-rank
+        pace) of one step at ``sizes``."""
         jitter = noise or [1.0] * len(sizes)
         compute = [b * self.per_sample_s / s * j for b, s, j in zip(sizes, self.shares, jitter)]
         hooked = [o + c for o, c in zip(self.opt, compute)]  # the batch starts after the optimizer
         end = max(h + t for h, t in zip(hooked, self.tail))
-        # what a rank's own core does after its last gradient: a link-bound tail is not its work
-        own = [(t if self.tail_on_core else 0.0) + o for t, o in zip(self.tail, self.opt)]
-        return end, compute, own
+        # a rank's own core after its last gradient: the optimizer, and the tail where it is CPU work
+        cpu = [(self.tail_cpu_s if self.tail_on_core else 0.0) + self.opt_cpu_s for _ in sizes]
+        return end, compute, cpu, [1 / s for s in self.shares]
 
     def best(self):
         """The oracle: the split with the shortest step, by trying every one (2 ranks)."""
@@ -48,8 +49,8 @@ def _run(cluster, per_rank=True, steps=300, seed=0, noise=0.02):
     cal = Calibrator(cfg, [G // 2, G // 2])
     rng = random.Random(seed)
     for step in range(steps):
-        wall, compute, own = cluster.cycle(cal.sizes, [1 + noise * rng.gauss(0, 1) for _ in cal.sizes])
-        cal.observe(step, compute, cal.sizes, wall, own if per_rank else None)
+        wall, compute, cpu, pace = cluster.cycle(cal.sizes, [1 + noise * rng.gauss(0, 1) for _ in cal.sizes])
+        cal.observe(step, compute, cal.sizes, wall, *((cpu, pace) if per_rank else (None, None)))
     return cal.sizes
 
 
@@ -66,23 +67,35 @@ def test_a_slow_cores_own_tail_moves_the_split_to_the_best_one(seed):
 
 
 def test_an_exchange_as_long_on_every_rank_does_not_lean():
-    """A link-bound tail (same wall time everywhere, no rank's own work) changes no rank's share:
-    only the optimizer's step, slower on the slow rank, moves the best split off equal compute."""
+    """A link-bound tail (same wall time everywhere, no rank's own CPU work) changes no rank's
+    share: only the optimizer's step, slower on the slow rank, moves the best split off equal compute."""
     cluster = _Cluster([1.0, 0.57], tail_on_core=False)
     best = cluster.best()
     assert abs(_run(cluster)[0] - best[0]) <= 2
 
 
 def test_without_the_figure_the_model_counts_compute_only():
-    """Rows without per-rank figures (older checkpoints, hooks that time nothing) give the old target."""
+    """Rows where no rank measured its work after backward (GPUs, older checkpoints) give the
+    compute-only target."""
     cluster = _Cluster([1.0, 0.57])
-    with_nan = Calibrator(CalibrationConfig(calibrate=True, cold_start_steps=0, recalibrate_every=5, window=20), [64, 64])
-    plain = Calibrator(CalibrationConfig(calibrate=True, cold_start_steps=0, recalibrate_every=5, window=20), [64, 64])
+    cfg = CalibrationConfig(calibrate=True, cold_start_steps=0, recalibrate_every=5, window=20)
+    with_nan, plain = Calibrator(cfg, [64, 64]), Calibrator(cfg, [64, 64])
     for step in range(5):
-        wall, compute, _ = cluster.cycle([64, 64])
-        a = with_nan.observe(step, compute, [64, 64], wall, [0.05, float("nan")])
+        wall, compute, _, _ = cluster.cycle([64, 64])
+        a = with_nan.observe(step, compute, [64, 64], wall, [float("nan")] * 2, [float("nan")] * 2)
         b = plain.observe(step, compute, [64, 64], wall)
     assert a == b is not None
+
+
+def test_a_rank_that_measured_nothing_counts_zero():
+    """Hand-built: two ranks of 320 samples/s at [64, 64]; only rank 0 (a CPU rank) measured 0.04
+    CPU s after its last gradient at a pace of 1. Equal finishing times: 0.04 + b0 / 320 = b1 / 320
+    with b0 + b1 = 128, so b0 = 57.6: [58, 70] (within 25% of 64, one move)."""
+    cfg = CalibrationConfig(calibrate=True, cold_start_steps=0, recalibrate_every=5, window=20, max_change=0.25)
+    cal = Calibrator(cfg, [64, 64])
+    decisions = [cal.observe(s, [0.2, 0.2], [64, 64], 0.25, [0.04, float("nan")], [1.0, float("nan")])
+                 for s in range(5)]
+    assert decisions[-1] == [58, 70]
 
 
 def _after_run(rank: int, world: int, busy_s: float, delay_s: float) -> list[float]:
@@ -135,7 +148,7 @@ def test_a_resumed_calibrator_decides_as_an_uninterrupted_one():
     cfg = CalibrationConfig(calibrate=True, cold_start_steps=5, recalibrate_every=10, window=20)
 
     def drive(cal, rows):
-        return [cal.observe(i, c, cal.sizes, w, a) for i, (w, c, a) in rows]
+        return [cal.observe(i, c, cal.sizes, w, a, p) for i, (w, c, a, p) in rows]
 
     whole = Calibrator(cfg, [64, 64])
     expected = drive(whole, enumerate(steps))

@@ -72,8 +72,9 @@ def mode_figures(ranks: list[dict], solo: dict[str, Any], measure: int) -> dict[
            "compute_s": compute, "balance": balance(compute)}
     if measured:
         out["gap"] = gap_shares(step, sizes, compute, solo)
-    if "decisions" in ranks[0]:
-        out["decisions"] = ranks[0]["decisions"]
+    for key in ("decisions", "after_backward_s"):  # the calibrator's view: the same on every rank
+        if key in ranks[0]:
+            out[key] = ranks[0][key]
     return out
 
 

@@ -140,6 +140,7 @@ def runtime_record(runtime: Any) -> dict[str, Any]:
                            "final_sizes": list(runtime.sampler.batch_sizes)}
     if runtime.balancer is not None:
         out["decisions"] = runtime.balancer.calibrator.decisions
+        out["after_backward_s"] = runtime.balancer.calibrator.after_backward()  # a_r of its last window
     decision = getattr(runtime.hook_state, "decision", None)  # compression="auto": the codec it chose
     if decision is not None:
         from hetero_strategy.hooks.auto import Candidate

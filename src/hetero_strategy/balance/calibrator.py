@@ -13,18 +13,23 @@ Algorithm, at each decision step (after ``cold_start_steps``, then every ``recal
 3. Target: the sizes at which f_r + a_r + b_r / s_r is equal on every rank, summing to G, each
    >= 1 (with all f_r, a_r = 0, sizes proportional to speed). Without f_r a rank with a large
    fixed cost looks slower per sample than it is, and the split overshoots away from it. a_r is
-   the median of the rank's own work after its last gradient, where the rows carry it (the
-   runtime's ``after_backward``: the exchange's tail it computes itself and the optimizer's step,
-   without waiting for peers). On one CPU core per rank that tail is the exchange's work at the
-   rank's speed: a slow rank pays it slower, and a split that equalises compute alone leaves it the
-   last to finish (bench balance's 1.0 / 0.57 cluster: 4-9 samples on the slow side of the best
-   split). Where the exchange runs elsewhere (a GPU's NCCL) a_r is not measured and counts 0.
+   a rank's own work after its last gradient (the exchange's tail it computes itself, the
+   optimizer's step): the median over the window of the ranks' mean CPU seconds after their last
+   gradient, at the rank's own pace (wall seconds per CPU second of its compute), at most its
+   median compute. On one CPU core per rank that work is the same on every rank (a ring reduces
+   as much everywhere; the optimizer steps the same weights) and a slow core pays it slower, so a
+   split that equalises compute alone leaves the slow rank the last to finish (bench balance's
+   1.0 / 0.57 cluster: 4-9 samples on the slow side of the best split). The mean, not each rank's
+   own: a rank that finishes backward first reduces its earlier buckets after its last gradient,
+   beside the peer's backward, and its own reading would count that. A rank where it is not
+   measured (a GPU, FSDP's reduction) counts 0; with no rank measured, a_r is 0 everywhere.
 4. Move from the current sizes toward the target by the largest fraction lam <= 1 that keeps every
    rank within +-max_change of its current size (at least one sample). Sizes and target both sum
    to G, so every point on the way does too.
 5. Round with :func:`split_batch` (largest remainder; each b_r >= 1, capped at the upper bound).
 
-The model predicts compute only; a step also pays communication and contention it cannot see. So
+The model predicts compute and the ranks' own work after it; a step also pays communication and
+contention it cannot see. So
 each decision first compares the *measured* step time (median, slowest rank) of the current plan
 with the fastest plan measured so far. A plan slower beyond the noise of both medians
 (:func:`~hetero_strategy.balance.timing.equal_within_noise` on their standard errors, from half
@@ -110,14 +115,16 @@ class Calibrator:
         self._strikes: dict[tuple[int, ...], int] = {}  # plan -> times undone (the latest 32 plans)
 
     def observe(self, step: int, per_rank_compute_s: Sequence[float], per_rank_batch: Sequence[int],
-                step_s: float | None = None, per_rank_after_s: Sequence[float] | None = None) -> list[int] | None:
+                step_s: float | None = None, per_rank_after_cpu_s: Sequence[float] | None = None,
+                per_rank_pace: Sequence[float] | None = None) -> list[int] | None:
         """Record step ``step``'s timings; returns the new sizes when a decision changes them.
 
         ``per_rank_batch`` are the sizes this step really ran with (the strategy applies a decision
         from a later step, so rows from before it took effect are recognised and skipped).
         ``step_s`` is the step's measured time (the slowest rank's, communication included); without
-        it plans are chosen by the compute model alone. ``per_rank_after_s``, each rank's own work
-        after its last gradient (step 3 above; a row counts it only where every rank measured it).
+        it plans are chosen by the compute model alone. ``per_rank_after_cpu_s`` and ``per_rank_pace``
+        (each rank's CPU seconds after its last gradient and its compute's wall seconds per CPU
+        second; nan where not measured) give the own work after backward (step 3 above).
         """
         n = len(self.sizes)
         if len(per_rank_compute_s) != n or len(per_rank_batch) != n:
@@ -129,9 +136,7 @@ class Calibrator:
         times = tuple(float(t) for t in per_rank_compute_s)
         batch = tuple(int(b) for b in per_rank_batch)
         wall = float(step_s) if step_s is not None and math.isfinite(step_s) and step_s > 0 else math.nan
-        after = None if per_rank_after_s is None else tuple(float(a) for a in per_rank_after_s)
-        if after is not None and (len(after) != n or not all(math.isfinite(a) and a >= 0 for a in after)):
-            after = None
+        after = _own_work_after(per_rank_after_cpu_s, per_rank_pace, n)
         if all(math.isfinite(t) and t > 0 for t in times) and sum(batch) == self.global_batch:
             self.rows.append((times, batch, wall, after))
         if (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every != 0:
@@ -155,7 +160,9 @@ class Calibrator:
             return self._move_toward(best)
         n = len(current)
         median = [statistics.median(r[k] for r in rows) for k in range(n)]
-        after = self._after_backward()
+        # NOTE: at most the rank's compute: a pace read over a compute that waited (a collective in
+        # forward) would make it explode
+        after = [min(a, m) for a, m in zip(self.after_backward(), median)]
         finish = [m + a for m, a in zip(median, after)]
         if (max(finish) - min(finish)) / max(finish) <= _DEADBAND:
             return None
@@ -169,7 +176,7 @@ class Calibrator:
                                                   min_per_rank=least_share(self.global_batch, n)))
         return None if self._blocked(new) else new
 
-    def _after_backward(self) -> list[float]:
+    def after_backward(self) -> list[float]:
         """Each rank's median own work after its last gradient over the window's rows (every plan's:
         it does not grow with the batch); zeros where no row carries it."""
         rows = [r[3] for r in self.rows if r[3] is not None]
@@ -260,3 +267,17 @@ class Calibrator:
                          for r in state.get("rejected", []) if len(r) == 3]
         self._decision_count = int(state.get("decision_count", 0))
         self._strikes = {tuple(int(x) for x in p): int(k) for p, k in state.get("strikes", [])}
+
+
+def _own_work_after(cpu: Sequence[float] | None, pace: Sequence[float] | None, n: int) -> tuple[float, ...] | None:
+    """Each rank's own work after its last gradient in one step (step 3 of the module docstring):
+    the ranks' mean CPU seconds at each one's pace; 0 where a rank measured none; None where none did."""
+    if cpu is None or pace is None or len(cpu) != n or len(pace) != n:
+        return None
+    measured = [(float(c), float(p)) for c, p in zip(cpu, pace)
+                if math.isfinite(c) and c >= 0 and math.isfinite(p) and p > 0]
+    if not measured:
+        return None
+    mean_cpu = statistics.fmean(c for c, _ in measured)
+    return tuple(mean_cpu * float(p) if math.isfinite(p) and p > 0 and math.isfinite(c) else 0.0
+                 for c, p in zip(cpu, pace))

@@ -36,35 +36,36 @@ class OnlineBalancer:
         # micro-batches per optimizer step: a new split starts with an accumulation window, since
         # the comm hook weights a window's summed gradient by its last micro-batch's b_r / G
         self.accumulate = max(1, int(accumulate))
-        # (step, compute_s, local batch, step_s, own work after the last gradient)
-        self._pending: list[tuple[int, float, int, float, float]] = []
+        # (step, compute_s, local batch, step_s, CPU seconds after the last gradient, compute's pace)
+        self._pending: list[tuple[float, ...]] = []
 
     def decision_due(self, step: int) -> bool:
         cfg = self.calibrator.config
         return step >= cfg.cold_start_steps and (step - cfg.cold_start_steps + 1) % cfg.recalibrate_every == 0
 
     def step_end(self, step: int, compute_s: float, local_batch: int, step_s: float | None = None,
-                 after_s: float | None = None) -> list[int] | None:
+                 after_cpu_s: float | None = None, pace: float | None = None) -> list[int] | None:
         """Record this rank's step; at a decision step, gather all ranks' rows and decide.
 
         ``step_s`` is this rank's whole step (communication included); the slowest rank's is the
-        step's time, which the calibrator compares between plans. ``after_s``: this rank's own work
-        after its last gradient (:class:`~hetero_strategy.runtime.timer.StepTimer`'s
-        ``after_backward``; None or nan: not measured), which the calibrator adds to its compute.
+        step's time, which the calibrator compares between plans. ``after_cpu_s`` and ``pace``: this
+        rank's CPU seconds after its last gradient and its compute's wall seconds per CPU second
+        (:class:`~hetero_strategy.runtime.timer.StepTimer`; None or nan: not measured), from
+        which the calibrator counts each rank's own work after backward.
 
         Returns the new sizes (scheduled from the first step the sampler has not yielded yet) or None.
         """
         if step >= self.calibrator.config.cold_start_steps:
-            self._pending.append((step, compute_s, local_batch, _float(step_s), _float(after_s)))
+            self._pending.append((step, compute_s, float(local_batch), *map(_float, (step_s, after_cpu_s, pace))))
         if not self.decision_due(step):
             return None
-        mine = [x for _, t, b, w, a in self._pending for x in (t, float(b), w, a)]
-        rows = all_gather_floats(mine)  # every rank: [t0, b0, w0, a0, t1, b1, ...] for the same steps
+        mine = [x for row in self._pending for x in row[1:]]
+        rows = all_gather_floats(mine)  # every rank: [t0, b0, w0, a0, p0, t1, b1, ...] for the same steps
         decision = None
         for i, (s, *_) in enumerate(self._pending):
-            times, batches, walls, after = ([row[4 * i + k] for row in rows] for k in range(4))
+            times, batches, walls, cpu, pace = ([row[5 * i + k] for row in rows] for k in range(5))
             wall = math.nan if any(math.isnan(w) for w in walls) else max(walls)
-            decision = self.calibrator.observe(s, times, [int(b) for b in batches], wall, after) or decision
+            decision = self.calibrator.observe(int(s), times, [int(b) for b in batches], wall, cpu, pace) or decision
         self._pending.clear()
         if decision is not None:
             self.sampler.set_batch_sizes(decision, from_step=self._window_start(self.sampler.next_unyielded_step()))
@@ -83,9 +84,8 @@ class OnlineBalancer:
 
     def load_state_dict(self, state: dict) -> None:
         self.calibrator.load_state_dict(state["calibrator"])
-        def row(r: list) -> tuple[int, float, int, float, float]:  # older states lack the last one or two
-            wall, after = ([float(x) for x in r[3:5]] + [math.nan, math.nan])[:2]
-            return int(r[0]), float(r[1]), int(r[2]), wall, after
+        def row(r: list) -> tuple[float, ...]:  # older states lack the last one to three figures
+            return tuple(float(x) for x in r[:6]) + (math.nan,) * (6 - len(r[:6]))
 
         self._pending = [row(r) for r in state.get("pending", [])]
 

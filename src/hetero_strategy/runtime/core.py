@@ -207,7 +207,7 @@ class HeteroRuntime(TrainingEvents):
         if self.balancer is None:
             return None
         t = self.timer
-        new = self.balancer.step_end(step, t.compute_time, self.local_batch, t.step_time, t.after_backward)
+        new = self.balancer.step_end(step, t.compute_time, self.local_batch, t.step_time, t.after_cpu, t.pace)
         if new is not None:
             self.info(f"hetero: step {step}: batch sizes -> {new}")
         return new

@@ -1,4 +1,5 @@
-"""Per-rank step timings: compute time (no waiting for peers), step time, and their spread.
+"""Per-rank step timings: compute time (no waiting for peers), step time, their spread, and on
+CPU ranks the rank's own work after its last gradient.
 
 Framework-free: the Lightning and Accelerate adapters call the same timer from their own events.
 The figures it reports (balance) are defined in :mod:`hetero_strategy.runtime.metrics`.
@@ -12,6 +13,8 @@ import statistics
 import time
 from typing import Any
 
+import torch
+
 from hetero_strategy.dist import all_gather_floats
 from hetero_strategy.runtime.metrics import balance
 
@@ -24,11 +27,14 @@ class StepTimer:
     Compute ends when DDP hands the last gradient bucket to the comm hook (the rest of backward()
     is waiting for peers); on no-sync steps, when backward() returns.
 
-    ``after_backward`` is this rank's own work from its last gradient to the step's end (the
-    exchange's tail it computes itself, the optimizer's step), in wall seconds at the rank's
-    speed, without the wait for peers: its CPU seconds in that span times the wall seconds per CPU
-    second of its compute. Only where the hook notes CPU time (CPU buckets: a CPU rank's exchange
-    is its own core's work, and gloo waits without spinning); nan elsewhere.
+    This rank's own work from its last gradient to the step's end (the exchange's tail it
+    computes itself, the optimizer's step), without the wait for peers: ``after_cpu``, the
+    process's CPU seconds in that span, and ``pace``, the wall seconds per CPU second of its
+    compute; ``after_backward`` = their product, in wall seconds. Only where the hook notes CPU
+    time (CPU buckets: gloo computes the exchange on the rank's core and waits without spinning)
+    and torch runs one intra-op thread (with more, compute's pace is that of several threads, not
+    the exchange's, and idle OpenMP threads may spin while the rank waits); nan elsewhere (GPUs,
+    FSDP's reduction, steps without the hook).
     """
 
     def __init__(self) -> None:
@@ -36,7 +42,7 @@ class StepTimer:
         self.batch_start_time = 0.0
         self.compute_time = 0.0
         self.step_time = 0.0
-        self.after_backward = math.nan
+        self.after_cpu = self.pace = math.nan
         self._cpu_start = self._compute_cpu = 0.0
         self._hook_cpu: float | None = None
         self._compute_acc = 0.0
@@ -63,8 +69,9 @@ class StepTimer:
     def step_end(self, bytes_sent: int = 0) -> None:
         now = time.perf_counter()
         self.compute_time = self._compute_acc
-        spent = time.process_time() - self._hook_cpu if self._hook_cpu is not None else math.nan
-        self.after_backward = spent * self.compute_time / self._compute_cpu if self._compute_cpu > 0 else math.nan
+        timed = self._hook_cpu is not None and self._compute_cpu > 0 and torch.get_num_threads() == 1
+        self.after_cpu = time.process_time() - self._hook_cpu if timed else math.nan
+        self.pace = self.compute_time / self._compute_cpu if timed else math.nan
         self.step_time = now - (self.window_start if self.window_start is not None else now)
         self.history.append((self.compute_time, self.step_time))
         self.bytes_history.append(int(bytes_sent))
@@ -76,6 +83,11 @@ class StepTimer:
         self._hook_cpu = None
         self.window_start = None
 
+    @property
+    def after_backward(self) -> float:
+        """This rank's own work after its last gradient, in wall seconds (nan where not measured)."""
+        return self.after_cpu * self.pace
+
     def gather_metrics(self, local_batch: int, extra: dict[str, float] | None = None) -> dict[str, float]:
         """All ranks' batch size, times and speed, plus the balance (one all-gather).
 
@@ -83,12 +95,15 @@ class StepTimer:
         and are logged as ``hetero/<name>_r<rank>``.
         """
         names = sorted(extra or {})
-        mine = [float(local_batch), self.compute_time, self.step_time] + [float(extra[n]) for n in names]
+        mine = [float(local_batch), self.compute_time, self.step_time, self.after_backward] + \
+            [float(extra[n]) for n in names]
         rows = all_gather_floats(mine)
         metrics: dict[str, float] = {}
-        for r, (b, compute, step, *more) in enumerate(rows):
+        for r, (b, compute, step, after, *more) in enumerate(rows):
             for name, value in zip(names, more):
                 metrics[f"hetero/{name}_r{r}"] = value
+            if math.isfinite(after):  # CPU ranks: own work after the last gradient (the calibrator's a_r)
+                metrics[f"hetero/after_s_r{r}"] = after
             metrics[f"hetero/batch_size_r{r}"] = b
             metrics[f"hetero/compute_s_r{r}"] = compute
             metrics[f"hetero/step_s_r{r}"] = step
