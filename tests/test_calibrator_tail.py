@@ -20,7 +20,9 @@ class _Cluster:
     core, the exchange's tail after a rank's last gradient ``tail_cpu_s`` (at the rank's share when
     ``tail_on_core``, else the same wall time everywhere, as a link-bound exchange), the optimizer
     ``opt_cpu_s``. Absolute times: a rank starts its batch after its optimizer's step; the exchange
-    ends when every rank has handed in its gradients and done its tail."""
+    ends when every rank has handed in its gradients and done its tail. It shares one assumption
+    with the calibrator (the work after the last gradient is the same CPU on every rank); the
+    oracle is the brute-force minimum of this critical path, not the calibrator's formula."""
 
     def __init__(self, shares, per_sample_s=0.0029, tail_cpu_s=0.05, opt_cpu_s=0.01, tail_on_core=True):
         self.shares, self.per_sample_s = shares, per_sample_s
