@@ -26,15 +26,22 @@ def _advance(now, wall, cpu):
     now["cpu"] += cpu
 
 
-def test_work_after_the_last_gradient_at_the_computes_pace(clocks):
-    # compute: 0.4 s of wall on 0.2 CPU s (half a core); the last bucket reaches the hook then;
-    # after it 0.5 s of wall (waiting) holding 0.05 CPU s (the exchange's tail, the optimizer)
-    t = StepTimer()
+def _pass(t, clocks, compute, to_close, hook_state=None):
+    """One pass: ``compute`` (wall, CPU) seconds to its last gradient, where the hook notes the
+    clocks (or ``hook_state`` is handed over instead), then ``to_close`` (wall, CPU) until the
+    batch is closed."""
     t.batch_start()
-    _advance(clocks, 0.4, 0.2)
+    _advance(clocks, *compute)
     hook = types.SimpleNamespace(last_hook_time=clocks["wall"], last_hook_cpu=clocks["cpu"])
-    _advance(clocks, 0.3, 0.02)
-    t.backward_end(hook)
+    _advance(clocks, *to_close)
+    t.backward_end(hook_state or hook)
+
+
+def test_work_after_the_last_gradient_at_the_computes_pace(clocks):
+    # compute: 0.4 s of wall on 0.2 CPU s (half a core); after the last gradient 0.5 s of wall
+    # (mostly waiting) holding 0.05 CPU s (the exchange's tail, the optimizer)
+    t = StepTimer()
+    _pass(t, clocks, (0.4, 0.2), (0.3, 0.02))
     _advance(clocks, 0.2, 0.03)
     t.step_end()
     assert t.compute_time == pytest.approx(0.4)
@@ -47,14 +54,8 @@ def test_accumulation_counts_every_pass_and_the_last_ones_hook(clocks):
     # times), the second syncs. Compute 0.2 + 0.3 s of wall on 0.1 + 0.15 CPU s.
     stale = types.SimpleNamespace(last_hook_time=clocks["wall"] - 1.0, last_hook_cpu=clocks["cpu"] - 1.0)
     t = StepTimer()
-    t.batch_start()
-    _advance(clocks, 0.2, 0.1)
-    t.backward_end(stale)
-    t.batch_start()
-    _advance(clocks, 0.3, 0.15)
-    hook = types.SimpleNamespace(last_hook_time=clocks["wall"], last_hook_cpu=clocks["cpu"])
-    _advance(clocks, 0.1, 0.01)
-    t.backward_end(hook)
+    _pass(t, clocks, (0.2, 0.1), (0.0, 0.0), hook_state=stale)
+    _pass(t, clocks, (0.3, 0.15), (0.1, 0.01))
     _advance(clocks, 0.1, 0.03)
     t.step_end()
     assert t.compute_time == pytest.approx(0.5)
