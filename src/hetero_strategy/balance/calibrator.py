@@ -274,10 +274,8 @@ def _own_work_after(cpu: Sequence[float] | None, pace: Sequence[float] | None, n
     the ranks' mean CPU seconds at each one's pace; 0 where a rank measured none; None where none did."""
     if cpu is None or pace is None or len(cpu) != n or len(pace) != n:
         return None
-    measured = [(float(c), float(p)) for c, p in zip(cpu, pace)
-                if math.isfinite(c) and c >= 0 and math.isfinite(p) and p > 0]
-    if not measured:
+    ok = [math.isfinite(c) and c >= 0 and math.isfinite(p) and p > 0 for c, p in zip(cpu, pace)]
+    if not any(ok):
         return None
-    mean_cpu = statistics.fmean(c for c, _ in measured)
-    return tuple(mean_cpu * float(p) if math.isfinite(p) and p > 0 and math.isfinite(c) else 0.0
-                 for c, p in zip(cpu, pace))
+    mean_cpu = statistics.fmean(float(c) for c, k in zip(cpu, ok) if k)
+    return tuple(mean_cpu * float(p) if k else 0.0 for p, k in zip(pace, ok))
