@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure", type=int, default=8)
     p.add_argument("--memory-margin", type=float, default=0.03)
     p.add_argument("--size", type=int, default=96, help="image side: activations grow with its square")
-    p.add_argument("--probe-steps", type=int, default=5, help="hetero_fsdp's probe_steps")
+    p.add_argument("--probe-steps", type=int, default=None, help="hetero_fsdp's probe_steps (default: the config's)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])

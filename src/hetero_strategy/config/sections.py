@@ -40,10 +40,13 @@ class BalanceConfig:
     memory_margin: float = 0.1
     """Without ``max_batch_sizes``: the share of each rank's memory limit the probe's caps leave free
     (CUDA: the device's total memory; CPU: the cgroup limit, if any)."""
-    probe_steps: int = 5
+    probe_steps: int = 15
     """Timed windows per batch size for the automatic probe (when neither batch_sizes nor
     capacities are given); a window holds forward+backward passes for at least 10 ms, and up to
-    3x as many windows are timed while they disagree by more than 5% (balance/timing.py)."""
+    3x as many windows are timed while they disagree by more than 5% (balance/timing.py). 15, not
+    5: a host's speed drifts over seconds, which a short probe takes for the ranks' speeds; on
+    bench balance's 1.0 / 0.57 cluster the split's sd across probes went from 7.4 to 4.2 samples
+    (docs/benchmarks.md). Lower it where one step takes seconds and the devices are steady."""
     seed: int | None = None
     """Shuffle seed of the training sampler; None takes PL_GLOBAL_SEED (as Lightning does) or 0."""
     profile: str | None = None
