@@ -44,9 +44,11 @@ class BalanceConfig:
     """Timed windows per batch size for the automatic probe (when neither batch_sizes nor
     capacities are given); a window holds forward+backward passes for at least 10 ms, and up to
     3x as many windows are timed while they disagree by more than 5% (balance/timing.py). 15, not
-    5: a host's speed drifts over seconds, which a short probe takes for the ranks' speeds; on
-    bench balance's 1.0 / 0.57 cluster the split's sd across probes went from 7.4 to 4.2 samples
-    (docs/benchmarks.md). Lower it where one step takes seconds and the devices are steady."""
+    5: a host's speed drifts over seconds, which a short probe takes for the ranks' speeds. On
+    bench balance's 1.0 / 0.57 cluster (two paired runs of benchmarks/bench_probe_spread.py) the
+    split's sd across probes went from 5.4 to 3.7 samples, and splits 8+ samples off from 4 to 1
+    in 24: weak evidence, against a cost paid once (docs/benchmarks.md). Lower it where one step
+    takes seconds and the devices are steady."""
     seed: int | None = None
     """Shuffle seed of the training sampler; None takes PL_GLOBAL_SEED (as Lightning does) or 0."""
     profile: str | None = None
