@@ -8,7 +8,7 @@ global batch of 128), in several launches, the arms taking turns within each lau
   with ``overlap_comm=True``), ``none`` times compute alone (``overlap_comm=False``).
 
 Why: a static split is only as good as the probe is repeatable; bench balance's static split moved
-by up to 30 samples between rounds while its best swept split stayed within a few
+by up to 35 samples between rounds while its best swept split stayed within a few
 (docs/benchmarks.md). Run alone, under the benchmarks' lock.
 
 Example::
@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,13 +39,28 @@ def _arms(args: argparse.Namespace) -> list[tuple[int, str]]:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    """One launch: every arm ``--reps`` times, in turn; rank 0 writes the rows to ``--out``."""
+    """One launch: every arm ``--reps`` times, in the order given; rank 0 writes the rows to ``--out``."""
     import torch
     import torch.distributed as dist
 
+    from hetero_strategy.dist.exit_guard import exit_now
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    try:
+        rows = _probes(args)
+        if dist.get_rank() == 0:
+            Path(args.out).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+    exit_now(0)  # results written; no finalization to abort in (docs/design.md, exit)
+
+
+def _probes(args: argparse.Namespace) -> list[dict]:
+    """The probes of one launch (collective: every rank runs the same arms)."""
+    import torch
     from hetero_bench.balance_workload import bench_model, train_data
+
     from hetero_strategy.balance import least_share, split_batch_timed
     from hetero_strategy.balance.probe import ProbeExchange, probe_step_cost
     from hetero_strategy.dist import all_gather_floats
@@ -66,12 +82,7 @@ def _worker(args: argparse.Namespace) -> None:
                                       min_per_rank=least_share(_GLOBAL, 2))
             rows.append({"rep": rep, "steps": steps, "exchange": exchange, "split": split,
                          "costs": costs, "seconds": time.perf_counter() - t0})
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(rows))
-    dist.destroy_process_group()
-    from hetero_strategy.dist.exit_guard import exit_now
-
-    exit_now(0)  # results written; no finalization to abort in (docs/design.md, exit)
+    return rows
 
 
 def _summary(rows: list[dict], arm: tuple[int, str]) -> dict:
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         _worker(args)
         return 0
+    steps = args.steps.split(",")
+    if not all(v.isdigit() and int(v) >= 1 for v in steps) or len(set(steps)) != len(steps):
+        p.error(f"--steps={args.steps!r} is invalid: give distinct whole numbers >= 1, e.g. 5,15")
     if not set(args.exchange.split(",")) <= {"dense", "none"} or args.launches < 1 or args.reps < 1:
         p.error("--exchange takes dense and/or none; --launches and --reps at least 1")
     sys.path[:0] = [str(_HERE.parent / "src"), str(_HERE)]
@@ -101,22 +115,24 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {"PYTHONPATH": os.pathsep.join([str(_HERE.parent / "src"), str(_HERE)])}
     launches, started = [], time.perf_counter()
-    with EmulatedCluster([1.0, 0.57], ["10gbit", "10gbit"]) as cluster:
+    # generous: one probe of this model takes about 10 s plus 1 s per window on the slow rank
+    timeout = 120 + 3 * args.reps * sum(10 + s for s, _ in _arms(args))
+    with EmulatedCluster([1.0, 0.57], ["10gbit", "10gbit"]) as cluster, \
+            tempfile.TemporaryDirectory(prefix="probe_spread_") as tmp:
         for k in range(args.launches):
-            out = Path(f"/tmp/probe_spread_{os.getpid()}_{k}.json")
+            out = Path(tmp, f"launch{k}.json")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out),
                    "--reps", str(args.reps), "--steps", args.steps, "--exchange", args.exchange]
-            res = cluster.run(cmd, timeout=900, env=env)
+            res = cluster.run(cmd, timeout=timeout, env=env)
             if not res.ok:
                 print("\n".join(o[-2500:] for o in res.outputs), file=sys.stderr)
                 return 1
             launches.append(json.loads(out.read_text()))
-            out.unlink()
             print(f"launch {k + 1}/{args.launches}: " + ", ".join(
                 f"{r['steps']}/{r['exchange']} {r['split'][0]}" for r in launches[-1]), flush=True)
     rows = [r for launch in launches for r in launch]
-    commit = subprocess.run(["git", "-C", str(_HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(_HERE), "describe", "--always", "--dirty"], check=False,
+                            capture_output=True, text=True).stdout.strip()
     result = {"benchmark": "probe_spread", "global_batch": _GLOBAL, "cluster": {"compute": [1.0, 0.57],
               "link": "10gbit", "model": "resnet18"}, "arms": [_summary(rows, a) for a in _arms(args)],
               "launches": launches, "wall_s": time.perf_counter() - started, "commit": commit,
