@@ -1,5 +1,5 @@
 """How repeatable is the start-up probe's split? The probe (``balance.probe.probe_step_cost``) and the
-static plan's equal-finishing split (``balance.split_batch_timed``), run again and again on bench
+static plan it gives (``runtime.planner.plan_batch_sizes``), run again and again on bench
 balance's cluster (ranks at 1.0 and 0.57 of a core, 10 Gbit/s links, ResNet-18 on 32x32 digits, a
 global batch of 128), in several launches, the arms taking turns within each launch:
 
@@ -57,13 +57,14 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _probes(args: argparse.Namespace) -> list[dict]:
-    """The probes of one launch (collective: every rank runs the same arms)."""
+    """The probes of one launch (collective: every rank runs the same arms), each planned as the
+    runtime plans a static split (``runtime.planner.plan_batch_sizes``)."""
     import torch
     from hetero_bench.balance_workload import bench_model, train_data
 
-    from hetero_strategy.balance import least_share, split_batch_timed
     from hetero_strategy.balance.probe import ProbeExchange, probe_step_cost
-    from hetero_strategy.dist import all_gather_floats
+    from hetero_strategy.config import BalanceConfig
+    from hetero_strategy.runtime.planner import plan_batch_sizes
 
     torch.manual_seed(0)
     net, data = bench_model("resnet18"), train_data(_GLOBAL // 2, 2, 2)
@@ -74,22 +75,24 @@ def _probes(args: argparse.Namespace) -> list[dict]:
     rows = []
     for rep in range(args.reps):
         for steps, exchange in _arms(args):
-            t0 = time.perf_counter()
-            cost = probe_step_cost(net, lambda b: loss(net(b[0]), b[1]), batches, steps,
-                                   ProbeExchange(dense=exchange == "dense"))
-            costs = all_gather_floats([cost.samples_per_s, cost.fixed_s, cost.spread])
-            split = split_batch_timed(_GLOBAL, [c[0] for c in costs], [c[1] for c in costs],
-                                      min_per_rank=least_share(_GLOBAL, 2))
+            t0, costs = time.perf_counter(), []
+            split = plan_batch_sizes(
+                BalanceConfig(probe_steps=steps), 2, _GLOBAL,
+                lambda steps=steps, exchange=exchange: probe_step_cost(
+                    net, lambda b: loss(net(b[0]), b[1]), batches, steps, ProbeExchange(dense=exchange == "dense")),
+                info=lambda _: None, on_costs=costs.extend)
             rows.append({"rep": rep, "steps": steps, "exchange": exchange, "split": split,
-                         "costs": costs, "seconds": time.perf_counter() - t0})
+                         "costs": [[c.samples_per_s, c.fixed_s, c.spread] for c in costs],
+                         "seconds": time.perf_counter() - t0})
     return rows
 
 
 def _summary(rows: list[dict], arm: tuple[int, str]) -> dict:
-    fast = [r["split"][0] for r in rows if (r["steps"], r["exchange"]) == arm]
+    mine = [r for r in rows if (r["steps"], r["exchange"]) == arm]
+    fast = [r["split"][0] for r in mine]
     return {"steps": arm[0], "exchange": arm[1], "fast_rank": fast, "median": statistics.median(fast),
             "min": min(fast), "max": max(fast), "sd": statistics.pstdev(fast),
-            "probe_s": statistics.median(r["seconds"] for r in rows if (r["steps"], r["exchange"]) == arm)}
+            "probe_s": statistics.median(r["seconds"] for r in mine)}
 
 
 def main(argv: list[str] | None = None) -> int:
